@@ -1,0 +1,113 @@
+"""One small error tree.
+
+    OcrqError
+    ├── Retryable          the same image may succeed later: retried with backoff
+    │   ├── EngineOOM          device memory ran out (the batcher bisects before raising it)
+    │   ├── EngineTimeout      the engine did not answer in time
+    │   ├── EngineCrashed      the engine died; it is rebuilt, the image retried
+    │   └── StorageUnavailable Redis/S3/HTTP source unreachable or 5xx
+    └── Permanent          retrying cannot help: failed on the first attempt
+        ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
+        ├── MissingObject      file/object/URL does not exist (404)
+        ├── TooLarge           bytes or pixels above the configured caps
+        ├── BadImage           bytes are not a decodable image
+        ├── UnsupportedFormat  decodable container but a format we do not accept
+        ├── TooLargeForDevice  one image alone does not fit the device even at a lower pixel cap
+        └── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
+
+Every error serialises to ``{"type": ClassName, "message": str, "retryable": bool}`` which is
+what a failed image records on its task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OcrqError(Exception):
+    """Base of every error ocrq records on an image."""
+
+    retryable: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, "message": str(self), "retryable": self.retryable}
+
+
+class Retryable(OcrqError):
+    retryable = True
+
+
+class Permanent(OcrqError):
+    retryable = False
+
+
+class EngineOOM(Retryable):
+    pass
+
+
+class EngineTimeout(Retryable):
+    pass
+
+
+class EngineCrashed(Retryable):
+    pass
+
+
+class StorageUnavailable(Retryable):
+    pass
+
+
+class RefusedRef(Permanent):
+    pass
+
+
+class MissingObject(Permanent):
+    pass
+
+
+class TooLarge(Permanent):
+    pass
+
+
+class BadImage(Permanent):
+    pass
+
+
+class UnsupportedFormat(Permanent):
+    pass
+
+
+class TooLargeForDevice(Permanent):
+    pass
+
+
+class BadRequest(Permanent):
+    pass
+
+
+class RetriesExhausted(Permanent):
+    """A retryable error that kept happening until the attempt budget ran out."""
+
+
+_BY_NAME: dict[str, type[OcrqError]] = {
+    cls.__name__: cls
+    for cls in (
+        OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
+        StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
+        TooLargeForDevice, BadRequest, RetriesExhausted,
+    )
+}
+
+
+def error_from_dict(data: dict[str, Any]) -> OcrqError:
+    """Rebuild an error recorded by ``OcrqError.to_dict`` (unknown types become ``OcrqError``)."""
+    cls = _BY_NAME.get(str(data.get("type")), OcrqError)
+    return cls(str(data.get("message", "")))
+
+
+def classify(exc: BaseException) -> OcrqError:
+    """Map any exception to the tree; unknown exceptions are treated as retryable engine crashes
+    so a bug never silently drops an image (the attempt budget still bounds the retries)."""
+    if isinstance(exc, OcrqError):
+        return exc
+    return EngineCrashed(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,94 @@
+"""Every Redis key, S3/local-store prefix and deterministic id ocrq uses, in one place.
+
+Redis (all under ``ocrq:``; Celery's own keys — ``celery-task-meta-*``, the queue lists named
+after ``settings.queue.name``, ``unacked*`` — live beside them in the same database):
+
+    ocrq:jobs                         ZSET  job name -> created (epoch s)         no TTL
+    ocrq:job:{job}                    HASH  meta: task, params, total, created    job_ttl
+    ocrq:job:{job}:images             HASH  image id -> ImageRecord JSON (compact) job_ttl
+    ocrq:job:{job}:counts             HASH  status -> n (+ "cached"), kept exact by a Lua script
+    ocrq:failed                       ZSET  "{job}/{image id}" -> failed at (epoch s)   no TTL
+    ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
+    ocrq:workers:{hostname}           HASH  governor/engine state for metrics      60 s, refreshed
+
+Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
+
+    {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
+    {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
+
+Ids: image id = sha256(job NUL ref)[:32]; chunk task id = sha256(job NUL first id NUL n)[:32];
+cache key = sha256(image bytes) . engine revision . task . sha256(params)[:16]
+(so re-submitting the same (job, ref) or the same bytes is a no-op / cache hit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+PREFIX = "ocrq:"
+JOBS = PREFIX + "jobs"
+FAILED = PREFIX + "failed"
+
+
+def job(job_name: str) -> str:
+    return f"{PREFIX}job:{job_name}"
+
+
+def job_images(job_name: str) -> str:
+    return f"{PREFIX}job:{job_name}:images"
+
+
+def job_counts(job_name: str) -> str:
+    return f"{PREFIX}job:{job_name}:counts"
+
+
+def cache(cache_key: str) -> str:
+    return f"{PREFIX}cache:{cache_key}"
+
+
+def worker_state(hostname: str) -> str:
+    return f"{PREFIX}workers:{hostname}"
+
+
+def failed_member(job_name: str, image_id: str) -> str:
+    return f"{job_name}/{image_id}"
+
+
+# --- durable store paths (relative to the store prefix) -------------------------------------
+
+def cache_object(cache_key: str) -> str:
+    return f"cache/{cache_key}.json"
+
+
+def result_object(job_name: str, image_id: str) -> str:
+    return f"results/{job_name}/{image_id}.json"
+
+
+def results_prefix(job_name: str) -> str:
+    return f"results/{job_name}/"
+
+
+# --- deterministic ids -----------------------------------------------------------------------
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def image_id(job_name: str, ref: str) -> str:
+    return _sha(job_name, ref)[:32]
+
+
+def chunk_id(job_name: str, first_image_id: str, n: int) -> str:
+    return _sha(job_name, first_image_id, str(n))[:32]
+
+
+def params_digest(params: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(dict(params), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_key(content_sha256: str, revision: str, task: str, params: Mapping[str, Any]) -> str:
+    safe_rev = revision.replace("/", "_").replace(":", "_")
+    return f"{content_sha256}.{safe_rev}.{task}.{params_digest(params)}"

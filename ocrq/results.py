@@ -1,0 +1,108 @@
+"""Result schema shared by the worker (writes) and the producer (reads).
+
+Two shapes:
+- ``OcrOutput``: what an engine returns for one image (text, lines with pixel boxes).
+  Content-addressed: stored once per cache key, reused by every job that submits the same bytes.
+- ``ImageRecord``: one image of one job (ref, status, attempts, error, cache key). Its compact
+  form lives in Redis (job index); the full JSON (record + output) in the durable store.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ImageStatus(str, Enum):
+    #: submitted, waiting in the broker
+    queued = "queued"
+    #: a worker is on it
+    running = "running"
+    #: a retryable error happened; another attempt is scheduled
+    retrying = "retrying"
+    #: OCR output stored (from the engine or from the cache)
+    done = "done"
+    #: permanent error, or attempts exhausted; listed in the failed registry
+    failed = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self in (ImageStatus.done, ImageStatus.failed)
+
+
+class OcrLine(BaseModel):
+    text: str
+    #: polygon in pixel coordinates of the decoded (EXIF-rotated) image: [[x, y], ...]
+    box: list[list[float]] | None = None
+    confidence: float | None = None
+
+
+class OcrOutput(BaseModel):
+    text: str
+    lines: list[OcrLine] = Field(default_factory=list)
+    #: engine family ("rapidocr", "transformers", "vllm", "vllm-server")
+    engine: str
+    #: model revision: part of the cache key
+    model: str
+    #: decoded image size the boxes refer to
+    width: int = 0
+    height: int = 0
+    #: pages of a multi-frame source are OCRed separately; page index within the source
+    page: int = 0
+    #: engine-specific facts (tokens generated, repetition stop, timings, parsed JSON fields)
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorInfo(BaseModel):
+    type: str
+    message: str
+    retryable: bool = False
+
+
+class ImageRecord(BaseModel):
+    """One image of one job. ``id`` derives from (job, ref); ``cache_key`` from the content."""
+
+    id: str
+    job: str
+    ref: str
+    status: ImageStatus
+    attempts: int = 0
+    cached: bool = False
+    cache_key: str | None = None
+    sha256: str | None = None
+    error: ErrorInfo | None = None
+    #: pages produced by this ref (multi-frame TIFF/GIF give several); text joins them
+    pages: int = 0
+    updated: float = 0.0
+
+
+class ImageResult(BaseModel):
+    """The full durable document of one image of one job (``results/{job}/{id}.json``)."""
+
+    record: ImageRecord
+    outputs: list[OcrOutput] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n\f\n".join(o.text for o in self.outputs)
+
+    def to_line(self) -> dict[str, Any]:
+        """The flat line `ocrq submit --out` and `ocrq results` write."""
+        rec = self.record
+        return {
+            "id": rec.id,
+            "job": rec.job,
+            "ref": rec.ref,
+            "status": rec.status.value,
+            "text": self.text,
+            "cached": rec.cached,
+            "attempts": rec.attempts,
+            "error": rec.error.model_dump() if rec.error else None,
+            "sha256": rec.sha256,
+            "pages": rec.pages,
+            "lines": [ln.model_dump() for o in self.outputs for ln in o.lines],
+            "engine": self.outputs[0].engine if self.outputs else None,
+            "model": self.outputs[0].model if self.outputs else None,
+        }

@@ -1,0 +1,165 @@
+"""One typed settings object per process: defaults < YAML profile < OCRQ_* env vars < arguments.
+
+The YAML profile is chosen with ``OCRQ_CONFIG=configs/prod.yaml`` (or ``--config``); nested
+fields are set from the environment with a double underscore, e.g. ``OCRQ_ENGINE__KIND=vllm``,
+``OCRQ_STORE__BUCKET=ocr``. Built once in ``main`` and passed down; nothing reads it globally.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class RedisSettings(BaseModel):
+    #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS
+    url: str = "redis://127.0.0.1:6379/0"
+    #: seconds a delivered-but-unacked message stays invisible before Redis hands it to another
+    #: worker. Must exceed the longest chunk (64 refs on a slow engine) plus retry countdowns.
+    visibility_timeout: int = 3600
+    #: TTL of hot cache entries in Redis (the durable copy lives in the store)
+    cache_ttl: int = 7 * 24 * 3600
+    #: TTL of job indexes and image summaries
+    job_ttl: int = 30 * 24 * 3600
+
+
+class StoreSettings(BaseModel):
+    kind: Literal["local", "s3"] = "local"
+    #: local store root (embedded default)
+    path: Path = Path("var/store")
+    bucket: str = "ocrq"
+    #: every object ocrq writes lives under this prefix (see ocrq.keys)
+    prefix: str = "ocrq/"
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: SecretStr | None = None
+    secret_access_key: SecretStr | None = None
+
+
+class LimitSettings(BaseModel):
+    #: bytes fetched per reference before it is refused as TooLarge
+    max_bytes: int = 50 * 1024 * 1024
+    #: decoded pixels above this are downscaled (keeping aspect) before OCR
+    max_pixels: int = 2048 * 2048
+    #: decoded pixels above this are refused outright (decompression-bomb guard)
+    bomb_pixels: int = 180_000_000
+    #: multi-frame images: pages beyond this are ignored (recorded in meta)
+    max_pages: int = 32
+    #: local references must resolve inside one of these roots (empty: the current directory)
+    allowed_roots: list[Path] = Field(default_factory=list)
+    #: schemes a reference may use
+    allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https"])
+    http_timeout: float = 20.0
+    http_max_redirects: int = 3
+    #: threads that fetch + decode + hash ahead of the engine
+    fetch_threads: int = 8
+
+
+class EngineSettings(BaseModel):
+    kind: Literal["rapidocr", "transformers", "vllm", "vllm-server", "simulated"] = "rapidocr"
+    #: model directory (HunyuanOCR checkpoint) for transformers/vllm
+    model_dir: Path | None = None
+    #: "auto": bf16 on CUDA, fp32 on CPU
+    dtype: str = "auto"
+    device: str = "auto"
+    max_new_tokens: int = 1024
+    #: HunyuanOCR processor pixel bounds (multiples of 32 are used)
+    min_pixels: int = 512 * 512
+    max_pixels: int = 2048 * 2048
+    #: stop when a short unit repeats this many times at the end of the output
+    repetition_stop: int = 12
+    #: vLLM knobs (in-process engine)
+    max_model_len: int = 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 16384
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool = False
+    #: vllm-server: one or more OpenAI-compatible endpoints
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
+    served_model: str | None = None
+    request_timeout: float = 120.0
+    #: RapidOCR detection tuning: "max" caps the long side (keeps single text lines exact)
+    rapid_limit_type: str = "max"
+    rapid_limit_side_len: int = 960
+    #: engine-specific extras passed through untouched
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class BatchSettings(BaseModel):
+    #: "fixed": batches of ``size``; "auto": the VRAM governor sizes them by cost
+    mode: Literal["fixed", "auto"] = "fixed"
+    size: int = 4
+    #: hard cap on images per batch in auto mode
+    max_size: int = 128
+    #: fraction of device memory kept free in auto mode
+    headroom: float = 0.10
+    #: wait this long for more images before running a partial batch
+    linger_ms: int = 20
+    #: in-process retries of a batch after OOM (bisecting) before the image is handed to Celery
+    oom_retries: int = 3
+    #: cap the governor may impose (bytes); None: whole device
+    memory_cap_bytes: int | None = None
+
+
+class QueueSettings(BaseModel):
+    #: default queue; route GPU classes with --queues on the worker
+    name: str = "ocrq"
+    #: references per broker message for bulk submissions
+    chunk_size: int = 64
+    #: chunk tasks a worker runs at once (threads pool); they share one engine loop
+    concurrency: int = 4
+    #: attempts per image (first + retries) before it fails with RetriesExhausted
+    max_attempts: int = 4
+    backoff_base: float = 2.0
+    backoff_max: float = 300.0
+    #: soft time limit for one chunk attempt, seconds
+    time_limit: int = 1800
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OCRQ_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    #: where `ocrq up` keeps pids, logs, the embedded Redis data and the local store
+    var_dir: Path = Path("var")
+    log_level: str = "INFO"
+    #: Flower port for `ocrq up`
+    flower_port: int = 5555
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        profile = os.environ.get("OCRQ_CONFIG")
+        if profile:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=profile))
+        return tuple(sources)
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build the process's settings; ``config`` names a YAML profile (else ``$OCRQ_CONFIG``)."""
+    if config is not None:
+        os.environ["OCRQ_CONFIG"] = str(config)
+    return Settings(**overrides)

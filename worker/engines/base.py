@@ -1,0 +1,93 @@
+"""The engine interface every OCR backend implements.
+
+An engine takes a micro-batch of decoded images and returns one outcome per image, in order:
+an ``OcrOutput`` or an ``OcrqError`` for that image alone. A failure of the whole batch that is a
+memory problem raises ``EngineOOM`` (the batcher bisects and retries the halves); any other
+whole-batch failure raises ``EngineCrashed``/``EngineTimeout``.
+
+Invariant (tested for every engine): an image's output never depends on the batch it ran in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from PIL import Image
+
+from ocrq.errors import OcrqError
+from ocrq.results import OcrOutput
+
+
+@dataclass(frozen=True)
+class OcrRequest:
+    #: stable id for logs and futures (image id + page)
+    key: str
+    #: decoded RGB image, already within the pixel cap
+    image: Image.Image
+    #: "text" (plain reading), "parse" (markdown), "spotting" (text + boxes), "extract", "translate"
+    task: str = "text"
+    #: task parameters (fields for extract, target language, max_new_tokens, ...)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageCost:
+    """What one image costs an engine, in tokens; the governor turns it into bytes."""
+
+    vision_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.vision_tokens + self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """The engine's own accounting of device memory, in bytes (None where it has none)."""
+
+    allocated: int | None = None
+    reserved: int | None = None
+    #: peak allocated since the last ``reset_peak`` (what the governor calibrates against)
+    peak: int | None = None
+    #: for paged-KV engines (vLLM): fraction of the KV cache in use, requests waiting/preempted
+    kv_usage: float | None = None
+    waiting: int | None = None
+    preemptions: int | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    #: engine family: "rapidocr" | "transformers" | "vllm" | "vllm-server"
+    name: str
+
+    @property
+    def revision(self) -> str:
+        """Model + weights revision; part of every cache key (changing it invalidates the cache)."""
+        ...
+
+    def start(self) -> None:
+        """Load models; called once in the worker process before it consumes anything."""
+        ...
+
+    def cost(self, request: OcrRequest) -> ImageCost:
+        """Token cost of one image (vision tokens by the model's resize rule + prompt + output)."""
+        ...
+
+    def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        """Run one micro-batch. One outcome per request, same order."""
+        ...
+
+    def memory(self) -> MemorySample:
+        """Current device-memory accounting; ``MemorySample()`` when the engine has none."""
+        ...
+
+    def reset_peak(self) -> None:
+        """Start a new peak-memory window (called before each batch)."""
+        ...
+
+    def close(self) -> None:
+        ...
