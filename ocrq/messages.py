@@ -1,0 +1,34 @@
+"""The broker message schema (JSON): one message carries a chunk of image references.
+
+Bulk jobs put up to ``queue.chunk_size`` refs in one message (one broker round trip instead of
+64); everything after delivery — state, retries, failures, results — is per image. A retry
+re-publishes only the items that need it, with their attempt counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+#: Celery task name of the chunk task (the producer sends by name; it never imports the worker)
+OCR_CHUNK_TASK = "ocrq.ocr_chunk"
+
+
+class Item(BaseModel):
+    #: image id (ocrq.keys.image_id(job, ref))
+    id: str
+    ref: str
+    #: 1 on first delivery; incremented for each retry of this image
+    attempt: int = 1
+
+
+class Chunk(BaseModel):
+    job: str
+    #: "text" | "parse" | "spotting" | "extract" | "translate"
+    task: str = "text"
+    params: dict[str, Any] = Field(default_factory=dict)
+    items: list[Item]
+
+    def to_message(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")

@@ -1,0 +1,49 @@
+"""The Celery application, built from settings (never at import time).
+
+Choices (docs/ARCHITECTURE.md explains them):
+- JSON only, for tasks and results: messages are a schema (ocrq.messages), never pickles.
+- ``acks_late`` + ``reject_on_worker_lost``: a message is acked only after its results are
+  stored; a worker killed mid-chunk gives the chunk back to the queue.
+- ``visibility_timeout`` (Redis transport): an unacked message is redelivered after this many
+  seconds; it must exceed the longest chunk attempt, so it defaults to 1 h.
+- prefetch multiplier 1: a worker reserves at most ``concurrency`` chunks, and the prefetch
+  window is further narrowed by the governor (worker.prefetch) so no worker hoards the queue.
+- task events on, so Flower shows workers, tasks, retries and failures.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from ocrq.settings import Settings
+
+
+def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
+    app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        task_default_queue=settings.queue.name,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        worker_prefetch_multiplier=1,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.redis.visibility_timeout,
+            # 0..9 priority levels; Redis emulates them with one list per level
+            "queue_order_strategy": "priority",
+            "priority_steps": list(range(10)),
+        },
+        result_backend_transport_options={"visibility_timeout": settings.redis.visibility_timeout},
+        # chunk results are tiny summaries; the real results are in the job index and the store
+        result_expires=24 * 3600,
+        task_time_limit=settings.queue.time_limit + 60,
+        task_soft_time_limit=settings.queue.time_limit,
+    )
+    return app

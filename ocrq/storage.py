@@ -1,0 +1,137 @@
+"""The durable store: S3 (or MinIO/moto) in production, a local directory in the embedded default.
+
+Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
+idempotent (same key, same content), so a redelivered message can rewrite them safely.
+Failures to reach the store raise ``StorageUnavailable`` (retryable); a missing object is ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ocrq.errors import StorageUnavailable
+from ocrq.settings import StoreSettings
+
+
+class ResultStore(Protocol):
+    #: human-readable location, e.g. "s3://bucket/prefix/" or "/abs/var/store/"
+    location: str
+
+    def put_json(self, path: str, doc: Any) -> None: ...
+
+    def get_json(self, path: str) -> Any | None: ...
+
+    def list(self, prefix: str) -> Iterator[str]: ...
+
+
+def make_s3_client(store: StoreSettings) -> Any:
+    """A boto3 S3 client for the configured endpoint (credentials: settings, else boto3's chain)."""
+    import boto3
+    from botocore.config import Config
+
+    kwargs: dict[str, Any] = {
+        "endpoint_url": store.endpoint_url,
+        "region_name": store.region,
+        # adaptive retries absorb S3 throttling before we surface StorageUnavailable
+        "config": Config(retries={"max_attempts": 5, "mode": "adaptive"}, max_pool_connections=32),
+    }
+    if store.access_key_id and store.secret_access_key:
+        kwargs["aws_access_key_id"] = store.access_key_id.get_secret_value()
+        kwargs["aws_secret_access_key"] = store.secret_access_key.get_secret_value()
+    return boto3.client("s3", **kwargs)
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.location = str(self.root) + "/"
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    def put_json(self, path: str, doc: Any) -> None:
+        target = self._path(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # write-then-rename: readers never see half a document
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_dumps(doc))
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
+
+    def get_json(self, path: str) -> Any | None:
+        try:
+            return json.loads(self._path(path).read_bytes())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageUnavailable(f"local store read {path}: {exc}") from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*.json")):
+            yield str(p.relative_to(self.root))
+
+
+class S3Store:
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.location = f"s3://{bucket}/{self.prefix}"
+
+    def put_json(self, path: str, doc: Any) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self.prefix + path, Body=_dumps(doc),
+                ContentType="application/json",
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"S3 put {self.location}{path}: {exc}") from exc
+
+    def get_json(self, path: str) -> Any | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + path)
+            return json.loads(obj["Body"].read())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StorageUnavailable(f"S3 get {self.location}{path}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StorageUnavailable(f"S3 get {self.location}{path}: {exc}") from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield item["Key"][len(self.prefix):]
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"S3 list {self.location}{prefix}: {exc}") from exc
+
+
+def make_store(store: StoreSettings, s3_client: Any | None = None) -> ResultStore:
+    if store.kind == "s3":
+        return S3Store(s3_client or make_s3_client(store), store.bucket, store.prefix)
+    return LocalStore(store.path)

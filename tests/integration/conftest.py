@@ -1,0 +1,84 @@
+"""Integration fixtures: a real `ocrq worker` (a Celery worker process) against the real Redis
+server from tests/conftest.py, configured through OCRQ_* environment variables exactly as a
+deployment would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from ocrq import keys
+from ocrq.settings import Settings
+
+WorkerFactory = Callable[..., subprocess.Popen[bytes]]
+
+
+def worker_env(redis_url: str, store: Path, roots: list[Path], **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "OCRQ_REDIS__URL": redis_url,
+        "OCRQ_STORE__KIND": "local",
+        "OCRQ_STORE__PATH": str(store),
+        "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(r) for r in roots]),
+        "OCRQ_QUEUE__BACKOFF_BASE": "0.2",
+        "OCRQ_QUEUE__BACKOFF_MAX": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("OCRQ_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def wait_ready(redis_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(True for _ in client.scan_iter(keys.worker_state("*"))):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+    raise RuntimeError(f"worker not ready:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture()
+def start_worker(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Factory: start_worker(env=dict, name=...) → a running, ready worker process."""
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(env: dict[str, str], name: str = "w1") -> subprocess.Popen[bytes]:
+        log = tmp_path / f"worker-{name}.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", env.get("TEST_CONCURRENCY", "2"),
+             "--name", f"{name}@%h"],
+            env={**env, "OCRQ_TEST_WORKER_NAME": name}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        procs.append((proc, log))
+        wait_ready(redis_url, proc, log)
+        return proc
+
+    yield start
+    for proc, log in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        print(f"--- {log.name} (tail) ---\n" + log.read_text(errors="replace")[-3000:])
+
+
+def settings_for(redis_url: str, store: Path, **overrides: Any) -> Settings:
+    return Settings(redis={"url": redis_url}, store={"kind": "local", "path": store}, **overrides)

@@ -1,0 +1,140 @@
+"""End to end through real parts: producer → Redis (real server) → `ocrq worker` (a real Celery
+worker process running RapidOCR) → local store / S3 (moto's HTTP server) → results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ocrq import keys
+from producer.client import Client
+from tests.fixtures.images import word_images
+from tests.integration.conftest import settings_for, worker_env
+
+pytestmark = pytest.mark.integration
+
+
+def _corrupt(folder: Path) -> list[Path]:
+    bad = [folder / "corrupt_random.png", folder / "corrupt_truncated.jpg", folder / "corrupt_text.jpg"]
+    bad[0].write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    bad[1].write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + b"\x00" * 50)
+    bad[2].write_text("this is not an image at all")
+    return bad
+
+
+def test_folder_with_duplicates_and_corrupt_files(redis_url, redis_client, start_worker, tmp_path):
+    # Given 200 files: 40 distinct images, 157 byte-identical copies of them, 3 corrupt files
+    src = tmp_path / "in"
+    truth = word_images(src, 40)
+    originals = sorted(truth)
+    for i in range(157):
+        orig = originals[i % len(originals)]
+        copy = src / f"dup_{i:03d}{orig.suffix}"
+        shutil.copyfile(orig, copy)
+        truth[copy] = truth[orig]
+    bad = _corrupt(src)
+    assert len(list(src.iterdir())) == 200
+    store = tmp_path / "store"
+    start_worker(worker_env(redis_url, store, [tmp_path]))
+
+    # When the folder is submitted and waited for
+    client = Client(settings_for(redis_url, store, limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(src)], job="folder")
+    counts = job.wait(timeout=600)
+    results = {Path(r.record.ref): r for r in job.results()}
+
+    # Then every image has a final result, nothing is missing
+    assert counts["total"] == 200 and len(results) == 200
+    assert counts["done"] == 197 and counts["failed"] == 3
+    for path, words in truth.items():
+        res = results[path]
+        assert res.record.status.value == "done", res.record
+        text = res.text.lower()
+        missing = [w for w in words if w not in text]
+        assert not missing, f"{path.name}: {missing} not in {res.text!r}"
+    # the engine ran once per distinct content: at least 157 of the copies are cache hits
+    assert counts["cached"] >= 157
+    assert sum(r.record.cached for r in results.values()) == counts["cached"]
+    # corrupt files failed on their first attempt with a typed, permanent error
+    for path in bad:
+        rec = results[path].record
+        assert rec.status.value == "failed" and rec.attempts == 1
+        assert rec.error is not None and rec.error.type in {"BadImage", "UnsupportedFormat"}, rec.error
+        assert keys.failed_member("folder", rec.id).encode() in redis_client.zrange(keys.FAILED, 0, -1)
+    # durable documents exist for every image
+    assert len(list((store / "results" / "folder").glob("*.json"))) == 200
+
+
+def test_resubmit_is_idempotent_and_second_job_hits_cache(redis_url, redis_client, start_worker, tmp_path):
+    src = tmp_path / "in"
+    truth = word_images(src, 6, seed=7)
+    store = tmp_path / "store"
+    start_worker(worker_env(redis_url, store, [tmp_path]))
+    client = Client(settings_for(redis_url, store, limits={"allowed_roots": [tmp_path]}))
+
+    first = client.submit([str(src)], job="a")
+    assert first.wait(timeout=300)["done"] == 6
+    # same job again: nothing left to publish, counts unchanged
+    again = client.submit([str(src)], job="a")
+    assert again.published == 0
+    assert again.status()["done"] == 6 and again.status()["total"] == 6
+    # another job with the same bytes: all cache hits, same text
+    second = client.submit([str(src)], job="b")
+    counts = second.wait(timeout=300)
+    assert counts["cached"] == 6
+    texts_a = {r.record.ref: r.text for r in first.results()}
+    texts_b = {r.record.ref: r.text for r in second.results()}
+    assert texts_a == texts_b and len(truth) == 6
+
+
+def test_refused_and_missing_refs_fail_typed(redis_url, start_worker, tmp_path):
+    src = tmp_path / "in"
+    word_images(src, 1)
+    store = tmp_path / "store"
+    start_worker(worker_env(redis_url, store, [src]))
+    client = Client(settings_for(redis_url, store))
+    outside = tmp_path / "outside.png"
+    shutil.copyfile(src / "img_000.png", outside)
+    refs = [str(src / "img_000.png"), str(src / "nope.png"), str(outside), "ftp://example.com/a.png"]
+    job = client.submit(refs, job="typed")
+    job.wait(timeout=300)
+    by_ref = {r.record.ref: r.record for r in job.results()}
+    assert by_ref[str(src / "img_000.png")].status.value == "done"
+    assert by_ref[str(src / "nope.png")].error.type == "MissingObject"
+    assert by_ref[str(outside)].error.type == "RefusedRef"
+    assert by_ref["ftp://example.com/a.png"].error.type == "RefusedRef"
+    assert all(r.attempts == 1 for r in by_ref.values())
+
+
+def test_s3_prefix_in_results_to_s3(redis_url, start_worker, tmp_path, s3_endpoint, s3_bucket):
+    s3, bucket = s3_bucket
+    truth = word_images(tmp_path / "src", 5, seed=3)
+    for path in truth:
+        s3.put_object(Bucket=bucket, Key=f"scans/{path.name}", Body=path.read_bytes())
+    env = worker_env(
+        redis_url, tmp_path / "unused", [tmp_path],
+        OCRQ_STORE__KIND="s3", OCRQ_STORE__BUCKET=bucket, OCRQ_STORE__PREFIX="out/",
+        OCRQ_STORE__ENDPOINT_URL=s3_endpoint,
+    )
+    start_worker(env)
+    settings = settings_for(redis_url, tmp_path / "unused")
+    settings.store.kind = "s3"
+    settings.store.bucket = bucket
+    settings.store.prefix = "out/"
+    settings.store.endpoint_url = s3_endpoint
+    client = Client(settings)
+    job = client.submit([f"s3://{bucket}/scans/"], job="s3job")
+    counts = job.wait(timeout=300)
+    assert counts["done"] == 5, counts
+    results = {r.record.ref.rsplit("/", 1)[-1]: r for r in job.results()}
+    for path, words in truth.items():
+        assert all(w in results[path.name].text.lower() for w in words), results[path.name].text
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="out/results/s3job/")
+    assert listed["KeyCount"] == 5
+    cached = s3.list_objects_v2(Bucket=bucket, Prefix="out/cache/")
+    assert cached["KeyCount"] == 5
+    doc = json.loads(s3.get_object(Bucket=bucket, Key=listed["Contents"][0]["Key"])["Body"].read())
+    assert doc["record"]["status"] == "done"

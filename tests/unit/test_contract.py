@@ -1,0 +1,88 @@
+"""The shared contract: ids, cache keys, errors, settings, retry policy, prefetch sizing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ocrq import keys
+from ocrq.errors import BadImage, EngineOOM, OcrqError, RefusedRef, classify, error_from_dict
+from ocrq.messages import Chunk, Item
+from ocrq.results import ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
+from ocrq.settings import Settings, load_settings
+from worker.prefetch import desired_prefetch
+from worker.retry import backoff, should_retry
+
+
+def test_ids_are_deterministic_and_distinct():
+    assert keys.image_id("j", "/a.png") == keys.image_id("j", "/a.png")
+    assert keys.image_id("j", "/a.png") != keys.image_id("k", "/a.png")
+    assert keys.image_id("j", "/a.png") != keys.image_id("j", "/b.png")
+
+
+def test_cache_key_covers_content_model_task_params():
+    base = keys.cache_key("ab" * 32, "rapidocr-3.10", "text", {})
+    assert base == keys.cache_key("ab" * 32, "rapidocr-3.10", "text", {})
+    assert base != keys.cache_key("cd" * 32, "rapidocr-3.10", "text", {})
+    assert base != keys.cache_key("ab" * 32, "hunyuan-1.5", "text", {})
+    assert base != keys.cache_key("ab" * 32, "rapidocr-3.10", "parse", {})
+    assert base != keys.cache_key("ab" * 32, "rapidocr-3.10", "text", {"max_new_tokens": 10})
+    # parameter order does not matter
+    assert keys.cache_key("a", "r", "t", {"x": 1, "y": 2}) == keys.cache_key("a", "r", "t", {"y": 2, "x": 1})
+
+
+def test_error_tree_round_trip():
+    assert EngineOOM("x").to_dict() == {"type": "EngineOOM", "message": "x", "retryable": True}
+    assert isinstance(error_from_dict(BadImage("bad").to_dict()), BadImage)
+    assert not RefusedRef("no").retryable
+    wrapped = classify(ValueError("boom"))
+    assert isinstance(wrapped, OcrqError) and wrapped.retryable and "ValueError" in str(wrapped)
+
+
+def test_retry_policy():
+    assert should_retry(EngineOOM("x"), attempt=1, max_attempts=4)
+    assert not should_retry(EngineOOM("x"), attempt=4, max_attempts=4)
+    assert not should_retry(BadImage("x"), attempt=1, max_attempts=4)
+    rng = random.Random(0)
+    delays = [backoff(a, 2.0, 300.0, rng) for a in range(1, 12)]
+    assert all(0 < d <= 300 for d in delays)
+    assert backoff(1, 2.0, 300.0, random.Random(1)) <= 2.0 < backoff(5, 2.0, 300.0, random.Random(1))
+
+
+def test_prefetch_follows_backlog_within_bounds():
+    assert desired_prefetch(0, 64, 4, 0) == 1
+    assert desired_prefetch(64, 64, 4, 0) == 1
+    assert desired_prefetch(65, 64, 4, 0) == 2
+    assert desired_prefetch(10_000, 64, 4, 0) == 4
+    assert desired_prefetch(10, 64, 4, 3) == 4  # ETA-held retries do not block new work
+
+
+def test_settings_env_and_yaml(tmp_path, monkeypatch):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("engine:\n  kind: vllm\n  max_num_seqs: 8\nqueue:\n  chunk_size: 32\n")
+    monkeypatch.setenv("OCRQ_CONFIG", str(profile))
+    monkeypatch.setenv("OCRQ_QUEUE__CHUNK_SIZE", "16")
+    s = Settings()
+    assert s.engine.kind == "vllm" and s.engine.max_num_seqs == 8
+    assert s.queue.chunk_size == 16  # env beats YAML
+    monkeypatch.delenv("OCRQ_CONFIG")
+    monkeypatch.delenv("OCRQ_QUEUE__CHUNK_SIZE")
+    assert load_settings().engine.kind == "rapidocr"
+
+
+def test_settings_reject_bad_values(monkeypatch):
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "tesseract")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+def test_message_and_result_schema():
+    chunk = Chunk(job="j", items=[Item(id="i", ref="/a.png")])
+    assert Chunk.model_validate(chunk.to_message()) == chunk
+    out = OcrOutput(text="hi", lines=[OcrLine(text="hi", box=[[0, 0], [1, 0], [1, 1], [0, 1]])],
+                    engine="rapidocr", model="m")
+    res = ImageResult(record=ImageRecord(id="i", job="j", ref="/a.png", status=ImageStatus.done), outputs=[out])
+    line = res.to_line()
+    assert {"ref", "status", "text", "cached", "attempts", "error"} <= set(line)
+    assert line["text"] == "hi" and line["status"] == "done" and line["error"] is None

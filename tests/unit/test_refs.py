@@ -1,0 +1,247 @@
+"""ocrq.refs on local files: parsing, confinement, directories, manifests, local fetch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from ocrq.errors import MissingObject, RefusedRef, TooLarge
+from ocrq.refs import BAD_REF_PREFIX, canonical, expand, fetch, parse
+from ocrq.settings import LimitSettings
+
+
+@pytest.fixture()
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "root"
+    path.mkdir()
+    return path.resolve()
+
+
+@pytest.fixture()
+def limits(root: Path) -> LimitSettings:
+    return LimitSettings(allowed_roots=[root], max_bytes=1000)
+
+
+def touch(path: Path, data: bytes = b"x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+# --- parsing and confinement -------------------------------------------------------------------
+
+def test_local_forms_canonicalise_to_absolute_paths(root: Path, limits: LimitSettings,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
+    want = str(root / "a b.png")
+    assert canonical(want, limits) == want
+    assert canonical("a b.png", limits) == want
+    assert canonical("./sub/../a b.png", limits) == want
+    assert canonical(f"file://{root}/a%20b.png", limits) == want
+    assert canonical(f"file://localhost{root}/a%20b.png", limits) == want
+
+
+def test_empty_roots_mean_current_directory(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
+    assert canonical("x.png", LimitSettings()) == str(root / "x.png")
+    with pytest.raises(RefusedRef):
+        canonical("../x.png", LimitSettings())
+
+
+@pytest.mark.parametrize("ref", [
+    "/etc/passwd", "../outside.png", "file:///etc/passwd", "file://otherhost/x.png",
+    "sub/../../outside.png", "", "a\x00b.png",
+])
+def test_refused_local_refs(ref: str, root: Path, limits: LimitSettings,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
+    with pytest.raises(RefusedRef):
+        parse(ref, limits)
+
+
+def test_symlink_escape_is_refused(root: Path, limits: LimitSettings) -> None:
+    outside = touch(root.parent / "secret.png", b"secret")
+    (root / "link.png").symlink_to(outside)
+    (root / "linkdir").symlink_to(root.parent)
+    with pytest.raises(RefusedRef):
+        canonical(str(root / "link.png"), limits)
+    with pytest.raises(RefusedRef):
+        fetch(str(root / "linkdir" / "secret.png"), limits)
+    inside = touch(root / "real.png")
+    (root / "alias.png").symlink_to(inside)
+    assert canonical(str(root / "alias.png"), limits) == str(inside)
+
+
+def test_schemes(limits: LimitSettings) -> None:
+    assert parse("s3://bucket/dir/a.png", limits).key == "dir/a.png"
+    assert parse("S3://bucket/k?v=1#x", limits).value == "s3://bucket/k?v=1#x"  # keys are literal
+    assert parse("s3://bucket/dir/", limits).is_prefix
+    assert parse("s3://bucket", limits).is_prefix
+    assert parse("https://example.com/a.png?x=1", limits).kind == "http"
+    for bad in ("ftp://example.com/a.png", "data:image/png;base64,AAAA", "s3:///key", "s3:/b/k",
+                "http:///nohost", "http://host:notaport/x", "invalid:whatever"):
+        with pytest.raises(RefusedRef):
+            parse(bad, limits)
+    only_files = LimitSettings(allowed_schemes=["file"], allowed_roots=limits.allowed_roots)
+    for bad in ("s3://bucket/a.png", "https://example.com/a.png"):
+        with pytest.raises(RefusedRef, match="not allowed"):
+            parse(bad, only_files)
+        with pytest.raises(RefusedRef):
+            fetch(bad, only_files)
+
+
+# --- expansion ---------------------------------------------------------------------------------
+
+def test_directory_expands_recursively_sorted_by_extension(root: Path, limits: LimitSettings) -> None:
+    for name in ("b.PNG", "a.jpg", "notes.txt", "sub/c.tiff", "sub/deeper/d.webp", ".hidden.png",
+                 "sub/e.gif", "z.bmp", "y.jpeg", "x.tif", "manifest.jsonl"):
+        touch(root / name)
+    got = list(expand([str(root)], limits))
+    rel = [str(Path(p).relative_to(root)) for p in got]
+    assert rel == ["a.jpg", "b.PNG", "sub/c.tiff", "sub/deeper/d.webp", "sub/e.gif", "x.tif",
+                   "y.jpeg", "z.bmp"]
+
+
+def test_directory_symlinks(root: Path, limits: LimitSettings) -> None:
+    touch(root / "pics" / "a.png")
+    (root / "pics" / "loop").symlink_to(root / "pics")           # entered once, no loop
+    (root / "pics" / "out.png").symlink_to(touch(root.parent / "o.png"))
+    (root / "pics" / "outdir").symlink_to(root.parent)
+    got = list(expand([str(root / "pics")], limits))
+    assert got[0] == str(root / "pics" / "a.png")
+    refused = got[1:]
+    assert len(refused) == 2 and all(r.startswith(BAD_REF_PREFIX) for r in refused)
+    for ref in refused:  # recorded, and fetch refuses them
+        with pytest.raises(RefusedRef, match="outside allowed roots"):
+            fetch(ref, limits)
+
+
+def test_refused_inputs_are_yielded_as_invalid_not_dropped(root: Path, limits: LimitSettings) -> None:
+    good = str(touch(root / "ok.png"))
+    got = list(expand(["  ", good, "/etc/passwd", "ftp://h/x.png", " " + good + " "], limits))
+    assert got[0] == good and got[-1] == good
+    assert got[1].startswith(BAD_REF_PREFIX) and "/etc/passwd" in got[1]
+    assert got[2].startswith(BAD_REF_PREFIX) and "ftp" in got[2]
+
+
+def test_jsonl_manifest(root: Path, limits: LimitSettings) -> None:
+    touch(root / "imgs" / "d1.png")
+    touch(root / "imgs" / "d2.png")
+    lines = [
+        json.dumps({"ref": "a.png", "label": 1}),
+        json.dumps({"path": str(root / "b.png")}),
+        json.dumps({"url": "https://example.com/c.png"}),
+        json.dumps({"uri": "s3://bkt/k/d.png"}),
+        json.dumps("e.png"),
+        "",
+        json.dumps({"name": "no ref field"}),
+        "{not json",
+        json.dumps("../../escape.png"),
+        json.dumps("../imgs"),  # a directory entry expands
+    ]
+    manifest = touch(root / "lists" / "m.jsonl", ("\n".join(lines) + "\n").encode())
+    got = list(expand([str(manifest)], limits))
+    lists = root / "lists"
+    assert got[:5] == [str(lists / "a.png"), str(root / "b.png"), "https://example.com/c.png",
+                       "s3://bkt/k/d.png", str(lists / "e.png")]  # relative to the manifest
+    assert got[5] == f"{BAD_REF_PREFIX}no reference on line 7 of {manifest}"
+    assert got[6] == f"{BAD_REF_PREFIX}no reference on line 8 of {manifest}"
+    assert got[7].startswith(BAD_REF_PREFIX) and "escape.png" in got[7]
+    assert got[8:] == [str(root / "imgs" / "d1.png"), str(root / "imgs" / "d2.png")]
+    assert len(got) == 10
+    for bad in got[5:8]:
+        with pytest.raises(RefusedRef):
+            fetch(bad, limits)
+
+
+def test_csv_manifest_with_header_column(root: Path, limits: LimitSettings) -> None:
+    body = b'\xef\xbb\xbfid,URL,label\r\n1,a.png,x\r\n2,"b, c.png",y\r\n3,,z\r\n\r\n'
+    manifest = touch(root / "m.csv", body)
+    got = list(expand([str(manifest)], limits))
+    assert got == [str(root / "a.png"), str(root / "b, c.png"),
+                   f"{BAD_REF_PREFIX}no reference on line 4 of {manifest}"]
+
+
+def test_csv_manifest_without_header_uses_first_column(root: Path, limits: LimitSettings) -> None:
+    manifest = touch(root / "m.csv", b"a.png,1\nb.png,2\n")
+    assert list(expand([str(manifest)], limits)) == [str(root / "a.png"), str(root / "b.png")]
+
+
+def test_nested_manifests_are_capped(root: Path, limits: LimitSettings) -> None:
+    touch(root / "self.jsonl", json.dumps("self.jsonl").encode())  # lists itself
+    got = list(expand([str(root / "self.jsonl")], limits))
+    assert len(got) == 1 and got[0].startswith(BAD_REF_PREFIX) and "nested" in got[0]
+
+
+def test_missing_manifest_raises(root: Path, limits: LimitSettings) -> None:
+    with pytest.raises(MissingObject):
+        list(expand([str(root / "nope.jsonl")], limits))
+
+
+def test_expand_is_lazy(root: Path, limits: LimitSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(root)
+    endless = (f"img{i}.png" for i in itertools.count())
+    assert list(itertools.islice(expand(endless, limits), 2)) == [str(root / "img0.png"),
+                                                                   str(root / "img1.png")]
+
+
+def test_manifest_is_streamed_line_by_line(root: Path, limits: LimitSettings) -> None:
+    # A FIFO manifest: the first ref must come out while the writer is still blocked.
+    fifo = root / "live.jsonl"
+    os.mkfifo(fifo)
+    release = threading.Event()
+
+    def writer() -> None:
+        with open(fifo, "w") as handle:
+            handle.write(json.dumps("first.png") + "\n")
+            handle.flush()
+            release.wait(10)
+            handle.write(json.dumps("second.png") + "\n")
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    stream = expand([str(fifo)], limits)
+    assert next(stream) == str(root / "first.png")
+    release.set()
+    assert list(stream) == [str(root / "second.png")]
+    thread.join(5)
+
+
+def test_s3_containers_need_a_client(limits: LimitSettings) -> None:
+    assert list(expand(["s3://b/k.png"], limits)) == ["s3://b/k.png"]  # single refs need none
+    with pytest.raises(RefusedRef):
+        list(expand(["s3://b/prefix/"], limits))
+    with pytest.raises(RefusedRef):
+        fetch("s3://b/k.png", limits)
+
+
+# --- local fetch -------------------------------------------------------------------------------
+
+def test_fetch_local(root: Path, limits: LimitSettings) -> None:
+    path = touch(root / "a.png", b"\x89PNG data")
+    assert fetch(str(path), limits) == b"\x89PNG data"
+    assert fetch(f"file://{path}", limits) == b"\x89PNG data"
+    touch(root / "exact.png", b"x" * 1000)
+    assert len(fetch(str(root / "exact.png"), limits)) == 1000
+    touch(root / "big.png", b"x" * 1001)
+    with pytest.raises(TooLarge):
+        fetch(str(root / "big.png"), limits)
+    with pytest.raises(MissingObject):
+        fetch(str(root / "missing.png"), limits)
+    with pytest.raises(MissingObject):
+        fetch(str(root / "a.png" / "child.png"), limits)
+    with pytest.raises(RefusedRef):
+        fetch(str(root), limits)
+    with pytest.raises(RefusedRef):
+        fetch("s3://bucket/prefix/", limits)
+
+
+def test_fetch_fifo_refused_without_blocking(root: Path, limits: LimitSettings) -> None:
+    os.mkfifo(root / "pipe.png")
+    with pytest.raises(RefusedRef, match="not a regular file"):
+        fetch(str(root / "pipe.png"), limits)

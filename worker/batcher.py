@@ -1,0 +1,393 @@
+"""The engine loop: one thread per engine forms micro-batches from requests that many Celery task
+threads submit concurrently, and completes one future per image.
+
+Loop: wait for work → linger up to ``linger_s`` for more (or until the governor says the batch is
+full) → ``governor.plan`` picks images by cost → ``engine.infer`` → per-image futures, and the
+measured peak / KV pressure go back to the governor.
+
+OOM (``EngineOOM`` or a raw CUDA/HIP OOM, recognised without importing torch): the governor
+shrinks, the batch is bisected and the halves run here, up to ``oom_retries`` levels, and images
+still failing are handed back as retryable ``EngineOOM``. A lone image that runs out of memory is
+retried once downscaled (half its vision tokens, aspect kept), then fails as
+``TooLargeForDevice``. Any other engine error fails the batch's images with ``classify(exc)``
+(retryable ``EngineCrashed``) so Celery retries them. Every future completes, also on ``stop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, replace
+from typing import Any
+
+from PIL import Image
+
+from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice, classify
+from ocrq.results import OcrOutput
+from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
+from worker.governor import Governor
+from worker.nvml import MemoryProbe, NullProbe
+
+_OOM_MESSAGES = ("cuda out of memory", "cuda error: out of memory", "cublas_status_alloc_failed",
+                 "hip out of memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Device out-of-memory, from ocrq's type or torch's (by class name and message, so torch
+    need not be imported), also when wrapped with ``raise … from oom``."""
+    current: BaseException | None = exc
+    for _ in range(8):  # bounded: a cause chain can be cyclic
+        if current is None:
+            return False
+        if isinstance(current, EngineOOM) or type(current).__name__ == "OutOfMemoryError":
+            return True
+        message = str(current).lower()
+        if any(marker in message for marker in _OOM_MESSAGES):
+            return True
+        current = current.__cause__
+    return False
+
+
+def downscale_for_memory(
+    request: OcrRequest, cost: Callable[[OcrRequest], ImageCost]
+) -> OcrRequest | None:
+    """The request with its image shrunk (aspect kept) until it costs at most half the vision
+    tokens; None when shrinking lowers nothing (the model upsamples to its minimum anyway).
+
+    Tokens, not raw pixels: an image above the model's pixel cap is resized down by the model
+    anyway, so halving its raw pixels alone would change nothing. Candidate sizes are priced on
+    a 1-bit stand-in image; only the chosen size is resampled."""
+    width, height = request.image.size
+    before = cost(request).vision_tokens
+    best: tuple[int, int] | None = None
+    for step in range(1, 13):
+        scale = 0.5 ** (step / 2)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        tokens = cost(replace(request, image=Image.new("1", size))).vision_tokens
+        if tokens < before and best is None:
+            best = size
+        if tokens <= before / 2:
+            best = size
+            break
+        if size == (1, 1):
+            break
+    if best is None:
+        return None
+    return replace(request, image=request.image.resize(best, Image.Resampling.BICUBIC))
+
+
+def _restore_scale(output: OcrOutput, original: tuple[int, int], small: tuple[int, int]) -> OcrOutput:
+    """Boxes back in the original image's pixels; the downscale recorded in meta."""
+    fx, fy = original[0] / small[0], original[1] / small[1]
+    lines = [
+        ln.model_copy(update={"box": [[p[0] * fx, p[1] * fy] for p in ln.box]}) if ln.box else ln
+        for ln in output.lines
+    ]
+    meta = {**output.meta, "downscaled_for_memory": {"from": list(original), "to": list(small)}}
+    return output.model_copy(
+        update={"lines": lines, "width": original[0], "height": original[1], "meta": meta}
+    )
+
+
+@dataclass(eq=False)
+class _Item:
+    request: OcrRequest
+    future: Future[OcrOutput]
+    cost: ImageCost
+    enqueued: float
+    #: times a later image was taken before this one (the governor pins it after a few)
+    skips: int = 0
+
+
+def _settle(future: Future[OcrOutput], outcome: object) -> None:
+    """Complete a future once; later attempts (stop() racing the loop) are ignored."""
+    if future.done():
+        return
+    try:
+        if isinstance(outcome, OcrOutput):
+            future.set_result(outcome)
+        elif isinstance(outcome, OcrqError):
+            future.set_exception(outcome)
+        else:
+            future.set_exception(EngineCrashed(f"engine returned {type(outcome).__name__}, not a result"))
+    except InvalidStateError:
+        pass
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        governor: Governor,
+        probe: MemoryProbe | None = None,
+        *,
+        linger_s: float = 0.02,
+        oom_retries: int = 3,
+        logger: logging.Logger | None = None,
+        oom_backoff_s: float = 0.02,
+    ) -> None:
+        self.engine = engine
+        self.governor = governor
+        self.probe: MemoryProbe = probe if probe is not None else NullProbe()
+        self.linger_s = max(0.0, linger_s)
+        self.oom_retries = max(0, oom_retries)
+        self.oom_backoff_s = oom_backoff_s
+        self.log = logger or logging.getLogger(__name__)
+        self._cond = threading.Condition()
+        self._pending: list[_Item] = []
+        self._inflight: list[_Item] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stop_deadline = 0.0
+        self._paged = False
+        self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
+                       "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
+        self._last_batch_s = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            if self._stopping:
+                raise RuntimeError("an EngineLoop cannot be restarted after stop()")
+            self._thread = threading.Thread(target=self._main, name="ocrq-engine-loop", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking work; pending images keep running until ``timeout``, then every future
+        still open fails with a retryable ``EngineCrashed`` (Celery retries it elsewhere)."""
+        with self._cond:
+            if not self._stopping:
+                self._stopping = True
+                self._stop_deadline = time.monotonic() + timeout
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout + 1.0)
+        with self._cond:
+            # also what a hung engine still holds: the loop ignores a late result
+            leftover = self._pending + self._inflight
+            self._pending = []
+        for item in leftover:
+            _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
+
+    # ---- intake -------------------------------------------------------------------------------
+
+    def submit(self, request: OcrRequest) -> Future[OcrOutput]:
+        return self.submit_many([request])[0]
+
+    def submit_many(self, requests: Iterable[OcrRequest]) -> list[Future[OcrOutput]]:
+        """Queue images for the engine; costs are computed here, on the caller's thread."""
+        items: list[_Item] = []
+        futures: list[Future[OcrOutput]] = []
+        now = time.monotonic()
+        for request in requests:
+            future: Future[OcrOutput] = Future()
+            futures.append(future)
+            try:
+                items.append(_Item(request, future, self.engine.cost(request), now))
+            except Exception as exc:  # a cost that cannot be computed fails that image only
+                _settle(future, classify(exc))
+        with self._cond:
+            if self._stopping:
+                for item in items:
+                    _settle(item.future, EngineCrashed("engine loop is stopping"))
+                return futures
+            self._pending.extend(items)
+            self._cond.notify_all()
+        return futures
+
+    def desired_backlog(self) -> int:
+        return self.governor.desired_backlog()
+
+    def state(self) -> dict[str, Any]:
+        with self._cond:
+            loop = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
+                    "last_batch_s": round(self._last_batch_s, 4)}
+        return {**self.governor.state(), **loop}
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                try:
+                    self._execute(batch, depth=0)
+                except Exception as exc:  # a bug here must not strand the batch's futures
+                    self.log.exception("engine loop failed a batch of %d", len(batch))
+                    for item in batch:
+                        _settle(item.future, classify(exc))
+                finally:
+                    with self._cond:
+                        self._inflight = []
+        finally:
+            with self._cond:
+                leftover, self._pending = self._pending, []
+            for item in leftover:
+                _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
+
+    def _next_batch(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait()
+        free = self._free_bytes()  # read once work is there: an idle wait makes it stale
+        with self._cond:
+            while True:
+                if self._stopping and (not self._pending or time.monotonic() >= self._stop_deadline):
+                    return None
+                if not self._pending:
+                    self._cond.wait()
+                    continue
+                costs = [it.cost for it in self._pending]
+                wait = self._pending[0].enqueued + self.linger_s - time.monotonic()
+                if wait > 0 and not self._stopping and not self.governor.full(costs, free_bytes=free):
+                    self._cond.wait(wait)
+                    continue
+                return self._take(costs, free)
+
+    def _take(self, costs: list[ImageCost], free: int | None) -> list[_Item]:
+        """Move the planned images from pending to in-flight (caller holds the lock)."""
+        skips = [it.skips for it in self._pending]
+        chosen = self.governor.plan(costs, free_bytes=free, skips=skips)
+        picked = set(chosen)
+        last = max(chosen)
+        batch: list[_Item] = []
+        rest: list[_Item] = []
+        for i, item in enumerate(self._pending):
+            if i in picked:
+                # a future the caller cancelled while it waited is dropped here
+                if item.future.set_running_or_notify_cancel():
+                    batch.append(item)
+            else:
+                if i < last:
+                    item.skips += 1
+                rest.append(item)
+        self._pending = rest
+        self._inflight = batch
+        return batch
+
+    def _free_bytes(self) -> int | None:
+        """Device bytes this process could still use: NVML free plus what torch caches unused.
+        None for paged engines (vLLM preallocates: NVML free says nothing about load)."""
+        if self._paged:
+            return None
+        device = self.probe.read()
+        if device is None:
+            return None
+        sample = self._memory()
+        slack = 0
+        if sample.reserved is not None and sample.allocated is not None:
+            slack = max(0, sample.reserved - sample.allocated)
+        return device.free + slack
+
+    def _memory(self) -> MemorySample:
+        try:
+            return self.engine.memory()
+        except Exception:  # accounting is advisory; the batch result stands
+            self.log.debug("engine.memory() failed", exc_info=True)
+            return MemorySample()
+
+    # ---- running a batch ----------------------------------------------------------------------
+
+    def _infer(self, requests: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        try:
+            self.engine.reset_peak()
+        except Exception:
+            self.log.debug("engine.reset_peak() failed", exc_info=True)
+        started = time.monotonic()
+        outcomes = self.engine.infer(requests)
+        self._last_batch_s = time.monotonic() - started
+        if len(outcomes) != len(requests):
+            raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
+        return outcomes
+
+    def _execute(self, items: list[_Item], depth: int) -> None:
+        if not items:
+            return
+        costs = [it.cost for it in items]
+        try:
+            outcomes = self._infer([it.request for it in items])
+        except Exception as exc:
+            if is_oom(exc):
+                self._after_oom(items, depth, exc)
+            else:
+                self._stats["engine_errors"] += 1
+                self.log.warning("engine failed a batch of %d: %s", len(items), exc)
+                error = classify(exc)
+                for item in items:
+                    _settle(item.future, error)
+            return
+        self._learn(costs, grow=depth == 0)
+        self._stats["batches"] += 1
+        self._stats["images"] += len(items)
+        self._stats["last_batch_size"] = len(items)
+        for item, outcome in zip(items, outcomes, strict=True):
+            _settle(item.future, outcome)
+
+    def _learn(self, costs: list[ImageCost], *, grow: bool) -> None:
+        sample = self._memory()
+        if sample.peak:
+            self.governor.observe(costs, sample.peak)
+        if grow:  # a bisected half succeeding is no reason to grow
+            self.governor.on_success()
+        if sample.kv_usage is not None or sample.waiting is not None or sample.preemptions is not None:
+            self._paged = self._paged or sample.kv_usage is not None
+            self.governor.on_pressure(sample.kv_usage, sample.waiting, sample.preemptions)
+
+    def _after_oom(self, items: list[_Item], depth: int, exc: BaseException) -> None:
+        self._stats["oom_events"] += 1
+        self.governor.on_oom([it.cost for it in items])
+        self.log.warning("OOM on a batch of %d (level %d): %s", len(items), depth, exc)
+        if len(items) == 1:
+            self._retry_downscaled(items[0])
+            return
+        if depth >= self.oom_retries:
+            error = EngineOOM(f"out of device memory in a batch of {len(items)} after {depth} bisections")
+            for item in items:
+                _settle(item.future, error)
+            return
+        if self.oom_backoff_s > 0:
+            time.sleep(min(1.0, self.oom_backoff_s * 2**depth))  # let the allocator/neighbours settle
+        mid = len(items) // 2
+        self._execute(items[:mid], depth + 1)
+        self._execute(items[mid:], depth + 1)
+
+    def _retry_downscaled(self, item: _Item) -> None:
+        original = item.request.image.size
+        too_large = TooLargeForDevice(
+            f"{item.request.key}: {original[0]}x{original[1]} does not fit the device alone"
+        )
+        try:
+            smaller = downscale_for_memory(item.request, self.engine.cost)
+        except Exception as exc:
+            self.log.warning("downscaling %s failed: %s", item.request.key, exc)
+            smaller = None
+        if smaller is None:
+            self._stats["too_large"] += 1
+            _settle(item.future, too_large)
+            return
+        small = smaller.image.size
+        cost = self.engine.cost(smaller)
+        try:
+            outcome = self._infer([smaller])[0]
+        except Exception as exc:
+            if is_oom(exc):
+                self.governor.on_oom([cost])
+                self._stats["too_large"] += 1
+                _settle(item.future, TooLargeForDevice(f"{too_large} (not at {small[0]}x{small[1]} either)"))
+            else:
+                _settle(item.future, classify(exc))
+            return
+        self._learn([cost], grow=False)
+        self._stats["downscaled"] += 1
+        self.log.info("%s ran downscaled %s -> %s to fit memory", item.request.key, original, small)
+        _settle(item.future, _restore_scale(outcome, original, small) if isinstance(outcome, OcrOutput)
+                else outcome)

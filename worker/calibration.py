@@ -1,0 +1,121 @@
+"""Online calibration of the governor's memory model: ``peak ≈ base + slope · tokens``.
+
+Refitted on a window of recent batches. Least squares when the window's batches differ enough
+in size to separate base from slope (a pseudo-point at zero tokens, the prior base, keeps the fit
+sane with few points); otherwise base stays at its prior and slope is the mean ratio. The safety
+margin is the worst in-window under-prediction plus a floor, so it shrinks as the fit gets good
+and grows at once when the engine surprises us.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Point:
+    tokens: float
+    peak: float
+    #: OOM: the true peak was at least ``peak`` (a lower bound, kept out of the margin)
+    censored: bool = False
+
+
+class Calibrator:
+    def __init__(
+        self,
+        base_prior: float,
+        slope_prior: float,
+        *,
+        window: int = 32,
+        warmup: int = 3,
+        min_margin: float = 0.02,
+        prior_margin: float = 0.20,
+        max_margin: float = 1.0,
+        error_window: int = 10,
+    ) -> None:
+        if slope_prior <= 0:
+            raise ValueError(f"slope prior must be positive, got {slope_prior}")
+        self.base_prior = max(0.0, base_prior)
+        self.slope_prior = slope_prior
+        self.warmup = warmup
+        self.min_margin = min_margin
+        self.prior_margin = prior_margin
+        self.max_margin = max_margin
+        self.base = self.base_prior
+        self.slope = slope_prior
+        self.observations = 0
+        self._points: deque[_Point] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=error_window)
+        self._margin = max(min_margin, prior_margin)
+
+    def predict(self, tokens: float) -> float:
+        return self.base + self.slope * tokens
+
+    def tokens_within(self, peak: float) -> float:
+        """Most tokens whose predicted peak stays within ``peak`` (negative: not even zero)."""
+        return (peak - self.base) / self.slope
+
+    def margin(self) -> float:
+        return self._margin
+
+    def error(self) -> float | None:
+        """Mean |predicted − measured| / measured over recent batches, predicted before each was
+        seen (what planning actually faced)."""
+        if not self._errors:
+            return None
+        return round(sum(self._errors) / len(self._errors), 4)
+
+    def add(self, tokens: float, peak: float, *, predicted: float | None = None) -> None:
+        if tokens <= 0 or peak <= 0:
+            return
+        guess = self.predict(tokens) if predicted is None else predicted
+        self._errors.append(abs(guess - peak) / peak)
+        # a peak far below the fit is a glitch (a missed reset, a lazy allocator) more often than
+        # news, and trusting it would make the next batch bigger: take it at most halfway down
+        peak = max(peak, 0.5 * self.predict(tokens))
+        self._points.append(_Point(float(tokens), peak))
+        self.observations += 1
+        self._refit()
+
+    def add_lower_bound(self, tokens: float, peak: float) -> None:
+        if tokens > 0 and peak > 0:
+            self._points.append(_Point(float(tokens), peak, censored=True))
+            self._refit()
+
+    def _refit(self) -> None:
+        points = list(self._points)
+        ts = [p.tokens for p in points]
+        spread = len(points) >= 2 and max(ts) - min(ts) >= 0.1 * max(ts)
+        if not (spread and self._least_squares(points)):
+            ratios = [(p.peak - self.base_prior) / p.tokens for p in points]
+            self.base = self.base_prior
+            self.slope = max(0.1 * self.slope_prior, sum(ratios) / len(ratios))
+        self._margin = self._fit_margin(points)
+
+    def _least_squares(self, points: list[_Point]) -> bool:
+        # a pseudo-point (0, base_prior) anchors the intercept while points are few; its weight
+        # fades so a wrong weights figure cannot bias a well-fed fit
+        w0 = 1.0 / len(points)
+        n = len(points) + w0
+        st = sum(p.tokens for p in points)
+        sy = sum(p.peak for p in points) + w0 * self.base_prior
+        stt = sum(p.tokens * p.tokens for p in points)
+        sty = sum(p.tokens * p.peak for p in points)
+        det = n * stt - st * st
+        if det <= 0:
+            return False
+        slope = (n * sty - st * sy) / det
+        base = (sy - slope * st) / n
+        if slope < 0.1 * self.slope_prior or base < 0:
+            return False
+        self.base, self.slope = base, slope
+        return True
+
+    def _fit_margin(self, points: list[_Point]) -> float:
+        real = [p for p in points if not p.censored]
+        if len(real) < self.warmup:
+            return max(self.min_margin, self.prior_margin)
+        worst = max((p.peak - self.predict(p.tokens)) / self.predict(p.tokens) for p in real)
+        # the worst of n samples understates the worst to come, the more so for small n
+        return min(self.max_margin, self.min_margin + max(0.0, worst) * (1.0 + 2.0 / len(real)))

@@ -1,0 +1,93 @@
+"""Everything a worker process holds: built once from settings in ``build_context`` (never at
+import time), shared by the chunk tasks running in the threads pool."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from ocrq.jobs import JobIndex
+from ocrq.results import OcrOutput
+from ocrq.settings import Settings
+from ocrq.storage import ResultStore, make_s3_client, make_store
+from worker.cache import ResultCache
+from worker.engines.base import Engine, OcrRequest
+
+log = logging.getLogger("ocrq.worker")
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    redis: Any
+    s3_client: Any
+    store: ResultStore
+    cache: ResultCache
+    index: JobIndex
+    engine: Engine
+    loop: Any  # worker.batcher.EngineLoop
+    fetch_pool: ThreadPoolExecutor
+    _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def submit_once(self, key: str, request: OcrRequest) -> Future[OcrOutput]:
+        """Send a page to the engine loop unless the same content is already in flight here
+        (two refs with the same bytes in flight at once run the engine once)."""
+        with self._lock:
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return fut
+            fut = self.loop.submit(request)
+            self._inflight[key] = fut
+        fut.add_done_callback(lambda _f: self._forget(key))
+        return fut
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+
+    def close(self) -> None:
+        self.loop.stop(timeout=30)
+        self.engine.close()
+        self.fetch_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def build_context(settings: Settings) -> WorkerContext:
+    from worker.batcher import EngineLoop
+    from worker.engines import build_engine
+    from worker.governor import Governor
+    from worker.nvml import NvmlProbe
+
+    engine = build_engine(settings.engine)
+    log.info("engine %s starting", settings.engine.kind)
+    engine.start()
+    log.info("engine %s ready: revision %s", engine.name, engine.revision)
+    probe = NvmlProbe.for_current_device()
+    governor = Governor.from_settings(settings.batch, engine, probe)
+    loop = EngineLoop(
+        engine, governor, probe,
+        linger_s=settings.batch.linger_ms / 1000, oom_retries=settings.batch.oom_retries,
+    )
+    loop.start()
+    client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
+    s3 = make_s3_client(settings.store) if settings.store.kind == "s3" else None
+    store = make_store(settings.store, s3)
+    pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
+    return WorkerContext(
+        settings=settings, redis=client, s3_client=s3 or _lazy_s3(settings), store=store,
+        cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
+        index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
+    )
+
+
+def _lazy_s3(settings: Settings) -> Any:
+    """s3:// refs can be read even when results go to the local store."""
+    try:
+        return make_s3_client(settings.store)
+    except Exception:  # boto3 missing or misconfigured: s3 refs then fail as StorageUnavailable
+        return None

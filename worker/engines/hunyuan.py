@@ -1,0 +1,409 @@
+"""HunyuanOCR facts shared by every engine that hosts it (transformers, vLLM in-process, vLLM server).
+
+Prompts per task and version, sampling defaults, chat messages, output parsers (spotting boxes,
+extraction JSON), the repetition early-stop rule, the token cost of an image and the memory
+numbers of a checkpoint. Pure Python: torch/transformers are imported only inside the helpers
+that load a processor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ocrq.results import OcrLine
+from ocrq.settings import EngineSettings
+from worker.engines.base import ImageCost, OcrRequest
+
+Version = Literal["1.0", "1.5"]
+TASKS = ("text", "parse", "spotting", "extract", "translate")
+
+# 1.0 prompts are the model card's; 1.5 keeps them except plain reading ("提取图中的文字。") and
+# spotting, which 1.5 answers as JSON boxes. The 1.5 spotting wording is ours (not verified
+# against the 1.5 card); it only has to ask for the JSON form the parser reads.
+_PROMPTS: dict[Version, dict[str, str]] = {
+    "1.0": {
+        "text": "Extract the text in the image.",
+        "parse": (
+            "Extract all information from the main body of the document image and represent it in "
+            "markdown format, ignoring headers and footers. Tables should be expressed in HTML format, "
+            "formulas in the document should be represented using LaTeX format, and the parsing should "
+            "be organized according to the reading order."
+        ),
+        "spotting": (
+            "Detect and recognize text in the image, and output the text coordinates in a formatted manner."
+        ),
+        "extract": "Extract the content of the fields: {fields} from the image and return it in JSON format.",
+        "translate": (
+            "First extract the text, then translate the text content into {target_lang}. If it is a "
+            "document, ignore the header and footer. Formulas should be represented in LaTeX format, "
+            "and tables should be represented in HTML format."
+        ),
+    },
+    "1.5": {
+        "text": "提取图中的文字。",
+        "parse": (
+            "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，"
+            "文档中公式用latex格式表示，按照阅读顺序组织进行解析。"
+        ),
+        "spotting": (
+            '检测并识别图片中的文字，以JSON格式输出，每项为{"box":[xmin,ymin,xmax,ymax],"text":文字}。'
+        ),
+        "extract": "提取图片中的：{fields}的字段内容，并按照JSON格式返回。",
+        "translate": (
+            "先提取文字，再将文字内容翻译为{target_lang}。若是文档，则其中页眉、页脚忽略。"
+            "公式用latex格式表示，表格用html格式表示。"
+        ),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    max_tokens: int = 32768
+
+
+#: model-card defaults; all are greedy (temperature 0): top_k 1 (1.0) or -1 "off" (1.5)
+SAMPLING: dict[Version, Sampling] = {
+    "1.0": Sampling(temperature=0.0, top_p=1.0, top_k=1, repetition_penalty=1.0),
+    "1.5": Sampling(temperature=0.0, top_p=1.0, top_k=-1, repetition_penalty=1.08),
+}
+
+
+def version_of(settings: EngineSettings) -> Version:
+    v = str(settings.extra.get("hunyuan_version", "1.5"))
+    if v == "1.0":
+        return "1.0"
+    if v == "1.5":
+        return "1.5"
+    raise ValueError(f"hunyuan_version must be '1.0' or '1.5', not {v!r}")
+
+
+def prompt(task: str, params: Mapping[str, Any] | None = None, version: Version = "1.5") -> str:
+    """The instruction text for a task; ``params["prompt"]`` overrides it verbatim."""
+    params = params or {}
+    if params.get("prompt"):
+        return str(params["prompt"])
+    if task not in _PROMPTS[version]:
+        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
+    template = _PROMPTS[version][task]
+    if task == "extract":
+        fields = params.get("fields")
+        if not fields or isinstance(fields, str):
+            raise ValueError("task 'extract' needs params['fields'] as a list of field names")
+        return template.format(fields="[" + ", ".join(f"'{f}'" for f in fields) + "]")
+    if task == "translate":
+        default = "English" if version == "1.0" else "英文"
+        return template.format(target_lang=str(params.get("target_lang", default)))
+    return template
+
+
+def build_messages(
+    task: str, params: Mapping[str, Any] | None = None, version: Version = "1.5"
+) -> list[dict[str, Any]]:
+    """OpenAI/HF chat messages as the model was trained: empty system message, user [image, text]."""
+    return [
+        {"role": "system", "content": ""},
+        {"role": "user",
+         "content": [{"type": "image"}, {"type": "text", "text": prompt(task, params, version)}]},
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# output parsing
+# ---------------------------------------------------------------------------------------------
+
+_NUM = r"\s*(-?\d+(?:\.\d+)?)\s*"
+_LEGACY = re.compile(rf"(?P<text>.*?)\({_NUM},{_NUM}\)\s*,\s*\({_NUM},{_NUM}\)", re.S)
+_TAGS = re.compile(r"</?(?:ref|quad|box)>")
+
+
+def _to_pixels(coords: Sequence[float], width: int, height: int) -> list[list[float]]:
+    """0..1000 normalised [x1,y1,x2,y2] (rectangle) or 4 points (quad) → pixel polygon."""
+    sx, sy = width / 1000.0, height / 1000.0
+
+    def pt(x: float, y: float) -> list[float]:
+        return [round(min(max(x * sx, 0.0), width), 1), round(min(max(y * sy, 0.0), height), 1)]
+
+    if len(coords) == 8:
+        return [pt(coords[i], coords[i + 1]) for i in range(0, 8, 2)]
+    x1, y1, x2, y2 = coords
+    return [pt(x1, y1), pt(x2, y1), pt(x2, y2), pt(x1, y2)]
+
+
+def parse_spotting_legacy(text: str, width: int, height: int) -> list[OcrLine]:
+    """1.0 format: ``text(x1,y1),(x2,y2)`` repeated (``<ref>``/``<quad>`` tags tolerated)."""
+    lines = []
+    for m in _LEGACY.finditer(_TAGS.sub("", text)):
+        content = m.group("text").strip()
+        if content:
+            coords = [float(m.group(i)) for i in range(2, 6)]
+            lines.append(OcrLine(text=content, box=_to_pixels(coords, width, height)))
+    return lines
+
+
+def parse_spotting_json(text: str, width: int, height: int) -> list[OcrLine]:
+    """1.5 format: ``[{"box": [xmin, ymin, xmax, ymax], "text": ...}, ...]`` (fences tolerated)."""
+    data = parse_json_output(text)
+    if isinstance(data, dict):
+        data = data.get("items") or data.get("results") or [data]
+    lines = []
+    for item in data if isinstance(data, list) else []:
+        if not isinstance(item, dict) or "text" not in item:
+            continue
+        raw = item.get("box") or item.get("bbox") or item.get("quad")
+        flat: list[float] = []
+        for v in raw if isinstance(raw, list) else []:
+            flat.extend(v if isinstance(v, list) else [v])
+        try:
+            coords = [float(v) for v in flat]
+        except (TypeError, ValueError):
+            coords = []
+        box = _to_pixels(coords, width, height) if len(coords) in (4, 8) else None
+        lines.append(OcrLine(text=str(item["text"]), box=box))
+    return lines
+
+
+def parse_spotting(text: str, width: int, height: int) -> list[OcrLine]:
+    """Either spotting format, whichever the output is in."""
+    stripped = _strip_fence(text)
+    if stripped.startswith(("[", "{")) or '"box"' in stripped:
+        lines = parse_spotting_json(stripped, width, height)
+        if lines:
+            return lines
+    return parse_spotting_legacy(text, width, height)
+
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)\s*```", re.S)
+
+
+def _strip_fence(text: str) -> str:
+    m = _FENCE.search(text)
+    body = m.group(1) if m else text
+    body = body.strip()
+    if body.lower().startswith("json") and body[4:5] in ("\n", " ", "{", "["):
+        body = body[4:].strip()
+    return body
+
+
+def parse_json_output(text: str) -> Any | None:
+    """The JSON value in a model answer (```json fences, a leading "json" and chatter tolerated);
+    None when there is none."""
+    body = _strip_fence(text)
+    try:
+        return json.loads(body)
+    except ValueError:
+        pass
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(body):
+        if ch in "{[":
+            try:
+                return decoder.raw_decode(body[i:])[0]
+            except ValueError:
+                continue
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# repetition early stop
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repetition:
+    #: length of the repeating unit (tokens or characters) and how often it repeats at the tail
+    unit: int
+    repeats: int
+
+    @property
+    def span(self) -> int:
+        return self.unit * self.repeats
+
+
+def detect_repetition(
+    seq: Sequence[int] | str, min_repeats: int, max_unit: int = 64, min_span: int = 24
+) -> Repetition | None:
+    """A short unit (≤ ``max_unit``) repeating ≥ ``min_repeats`` times back to back at the tail,
+    covering ≥ ``min_span`` elements (so a legit "......" leader of a few tokens is not a loop).
+    The shortest such unit wins. ``min_repeats`` ≤ 1 disables the check."""
+    n = len(seq)
+    if min_repeats <= 1 or n < max(min_repeats, min_span):
+        return None
+    for unit in range(1, min(max_unit, n // min_repeats) + 1):
+        tail = seq[n - unit:]
+        repeats = 1
+        pos = n - 2 * unit
+        while pos >= 0 and seq[pos:pos + unit] == tail:
+            repeats += 1
+            pos -= unit
+        if repeats >= min_repeats and unit * repeats >= min_span:
+            return Repetition(unit=unit, repeats=repeats)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# costs and memory numbers
+# ---------------------------------------------------------------------------------------------
+
+
+def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    # transformers' HunYuanVL smart_resize: aspect kept, sides multiples of `factor`
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _local_vision_tokens(width: int, height: int, min_pixels: int, max_pixels: int) -> int:
+    h, w = _smart_resize(height, width, 32, min_pixels, max_pixels)
+    return (h // 32) * (w // 32 + 1) + 2
+
+
+def vision_tokens(width: int, height: int, min_pixels: int = 512 * 512, max_pixels: int = 2048 * 2048) -> int:
+    """Tokens one image occupies in the prompt: (H/32)·(W/32 + 1) + 2 after the model's resize
+    (the image start/end wrapper tokens come on top). Delegates to the shared cost model
+    ``worker.costs`` when the checkout has it; the local copy is the same formula."""
+    try:
+        from worker.costs import hunyuan_vision_tokens
+    except ImportError:  # pragma: no cover - depends on the checkout
+        return _local_vision_tokens(width, height, min_pixels, max_pixels)
+    return int(hunyuan_vision_tokens(width, height, min_pixels, max_pixels))
+
+
+#: chat-template tokens besides the vision span and the instruction: bos, system separator,
+#: image start, image end, user marker (counted on the rendered template)
+_TEMPLATE_TOKENS = 5
+
+
+def prompt_tokens(task: str, params: Mapping[str, Any] | None = None, version: Version = "1.5") -> int:
+    """Prompt tokens besides the vision span, estimated without a tokenizer: template tokens +
+    ≈ 1 per CJK char + 1 per 3 other bytes (generous for the real Hunyuan tokenizer, the safe
+    side for a memory budget; the random checkpoints' byte tokenizer uses 3 per CJK char)."""
+    text = prompt(task, params, version)
+    cjk = sum(1 for ch in text if ord(ch) > 0x2E80)
+    other = len(text.encode("utf-8")) - 3 * cjk
+    return _TEMPLATE_TOKENS + cjk + math.ceil(max(other, 0) / 3)
+
+
+def cost(request: OcrRequest, settings: EngineSettings) -> ImageCost:
+    width, height = request.image.size
+    max_new = int(request.params.get("max_new_tokens", settings.max_new_tokens))
+    return ImageCost(
+        vision_tokens=vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
+        prompt_tokens=prompt_tokens(request.task, request.params, version_of(settings)),
+        output_tokens=max_new,
+    )
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class CheckpointNumbers:
+    """What a memory model needs from a checkpoint's config."""
+
+    params: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    vision_hidden: int
+    vision_layers: int
+
+
+def checkpoint_numbers(config: Mapping[str, Any] | Path | str, dtype: str | None = None) -> CheckpointNumbers:
+    """Numbers from a config.json (dict or model dir), flat (Tencent) or nested (transformers) layout.
+    KV bytes/token = layers · kv_heads · head_dim · 2 (K and V) · dtype bytes."""
+    if isinstance(config, Mapping):
+        cfg: Mapping[str, Any] = config
+    else:
+        path = Path(config)
+        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8"))
+    text = {**cfg, **(cfg.get("text_config") or {})}
+    vis = cfg.get("vision_config") or {}
+    h, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
+    heads = int(text["num_attention_heads"])
+    kv = int(text.get("num_key_value_heads") or heads)
+    hd = int(text.get("head_dim") or text.get("attention_head_dim") or h // heads)
+    inter, vocab = int(text["intermediate_size"]), int(text["vocab_size"])
+    nbytes = _DTYPE_BYTES.get(dtype or str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"), 2)
+    per_layer = h * hd * (2 * heads + 2 * kv) + 3 * h * inter + 2 * h + 2 * hd
+    text_params = vocab * h + layers * per_layer + h
+    if not text.get("tie_word_embeddings", True):
+        text_params += vocab * h
+    vh, vi, vl = int(vis.get("hidden_size", 1152)), int(vis.get("intermediate_size", 4304)), int(
+        vis.get("num_hidden_layers", 27))
+    patch, merge = int(vis.get("patch_size", 16)), int(vis.get("spatial_merge_size", 2))
+    positions = (int(vis.get("max_image_size", 2048)) // patch) ** 2 + 1
+    vision_params = (
+        3 * patch * patch * vh + vh + positions * vh
+        + vl * (4 * (vh * vh + vh) + 2 * vh * vi + vi + vh + 4 * vh)
+        + vh * 2 * vh * merge * merge + 2 * vh + 2 * vh * 4 * vh + 4 * vh + 4 * vh * h + h
+        + 4 * vh + 3 * h + vh + h
+    )
+    params = text_params + vision_params
+    return CheckpointNumbers(
+        params=params, weight_bytes=params * nbytes, kv_bytes_per_token=layers * kv * hd * 2 * nbytes,
+        layers=layers, kv_heads=kv, head_dim=hd, dtype_bytes=nbytes, vision_hidden=vh, vision_layers=vl,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# processor loading (torchvision-free)
+# ---------------------------------------------------------------------------------------------
+
+
+def ensure_pil_processor() -> None:
+    """Register the PIL image processor for HunYuanVLConfig. transformers hands out a dummy for it
+    when torchvision is missing (the class is marked as needing torchvision but does not use it);
+    registering the real class makes ``AutoProcessor`` pick it. Idempotent."""
+    from transformers import AutoImageProcessor, HunYuanVLConfig
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        return
+    from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+
+    # the torchvision slot holds a placeholder that fails registration's class check: clear it
+    AutoImageProcessor.register(
+        HunYuanVLConfig,
+        image_processor_classes={"pil": HunYuanVLImageProcessorPil, "torchvision": None},  # type: ignore[dict-item]
+        exist_ok=True,
+    )
+
+
+def load_processor(
+    model_dir: Path | str, min_pixels: int | None = None, max_pixels: int | None = None
+) -> Any:
+    """The checkpoint's processor with the PIL image backend (same resize on every host, with or
+    without torchvision), optionally with other pixel bounds."""
+    from transformers import AutoProcessor
+
+    ensure_pil_processor()
+    processor = AutoProcessor.from_pretrained(str(model_dir), backend="pil")
+    if min_pixels is not None or max_pixels is not None:
+        size = dict(processor.image_processor.size)
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        processor.image_processor.size = size
+    return processor

@@ -1,0 +1,384 @@
+"""The VRAM governor: which pending images make the next micro-batch.
+
+Pure logic: it sees token costs and memory numbers (bytes) and returns decisions. NVML, torch and
+vLLM stay behind adapters (``worker.nvml``, the engines), so every decision is testable on a CPU.
+
+Memory model, in the units the engine reports as its batch peak (``MemorySample.peak``)::
+
+    peak ≈ (base + slope · tokens) · boost
+
+``tokens`` is the batch's token count (Σ per image, or n · max for engines that pad the batch to
+its longest sequence). ``base``/``slope`` start from the model profile (weights; KV + activation
+bytes per token) and are refitted on recent batches (``Calibrator``); ``boost`` > 1 after an OOM
+and decays back. A batch is admitted when ``predict · (1 + margin) + overhead ≤ budget``, with
+``budget = capacity · (1 − headroom)`` and a margin that shrinks as the fit gets good.
+
+On top of the cost model an AIMD count limit guards against a model that is wrong: slow start
+(doubling) until the first OOM or pressure signal, halving on OOM, ~1/8 growth after a run of
+successes, and only while the limit is what holds batches back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from worker.calibration import Calibrator
+from worker.costs import ModelProfile
+from worker.engines.base import Engine, ImageCost
+
+if TYPE_CHECKING:
+    from ocrq.settings import BatchSettings
+    from worker.nvml import MemoryProbe
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Governor", "ModelProfile", "batch_tokens", "profile_of", "resolve_capacity"]
+
+Mode = Literal["fixed", "auto"]
+
+#: preemptions or a KV cache this full act like a soft OOM (shrink); above ``_KV_HOLD`` hold
+_KV_SHRINK = 0.95
+_KV_HOLD = 0.80
+#: OOM: the coefficient is multiplied by this (capped), and decays back on each good batch
+_OOM_BOOST = 1.2
+_MAX_BOOST = 4.0
+_BOOST_DECAY = 0.7
+
+
+def batch_tokens(costs: Sequence[ImageCost], padded: bool) -> int:
+    """Tokens a batch holds on the device: padded engines (HF generate) pad to the longest."""
+    if not costs:
+        return 0
+    if padded:
+        return len(costs) * max(c.total_tokens for c in costs)
+    return sum(c.total_tokens for c in costs)
+
+
+def resolve_capacity(
+    device_total: int | None, engine_capacity: int | None = None, cap: int | None = None
+) -> int | None:
+    """Bytes the governor may plan against: what the engine says it may use (vLLM:
+    gpu_memory_utilization × total) else the device total (NVML), optionally capped."""
+    base = engine_capacity if engine_capacity is not None else device_total
+    if base is None:
+        return cap
+    return min(base, cap) if cap is not None else base
+
+
+def profile_of(engine: Engine) -> ModelProfile:
+    """The engine's ``memory_profile`` attribute; engines without one (CPU) get the nominal CPU
+    profile, which measured peaks then recalibrate if the engine reports any."""
+    profile = getattr(engine, "memory_profile", None)
+    if isinstance(profile, ModelProfile):
+        return profile
+    if getattr(engine, "name", "") not in ("rapidocr", "simulated"):
+        log.warning("engine %s has no memory_profile: the governor starts from CPU costs", engine.name)
+    return ModelProfile.cpu_default()
+
+
+class Governor:
+    """Plans micro-batches by predicted peak memory and learns from measured peaks and OOMs.
+
+    Thread-safe: the engine loop plans and observes; metrics/intake threads read ``state`` and
+    ``desired_backlog``. ``capacity_bytes=None`` (no device figure, e.g. a CPU engine) plans by
+    count only. ``mode="fixed"`` takes ``size`` images in arrival order (the AIMD limit still
+    shrinks it after OOMs so the worker stays alive).
+    """
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        *,
+        capacity_bytes: int | None,
+        headroom: float = 0.10,
+        max_size: int = 128,
+        mode: Mode = "auto",
+        size: int = 4,
+        memory_cap_bytes: int | None = None,
+        initial_size: int = 8,
+        max_skips: int = 4,
+        grow_after: int = 2,
+        calibrator: Calibrator | None = None,
+    ) -> None:
+        if not 0.0 <= headroom < 1.0:
+            raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+        if max_size < 1 or size < 1:
+            raise ValueError("max_size and size must be >= 1")
+        self.profile = profile
+        self.mode: Mode = mode
+        self.capacity = (
+            min(capacity_bytes, memory_cap_bytes)
+            if capacity_bytes is not None and memory_cap_bytes is not None
+            else capacity_bytes if capacity_bytes is not None else memory_cap_bytes
+        )
+        self.headroom = headroom
+        self.budget = None if self.capacity is None else int(self.capacity * (1.0 - headroom))
+        self.max_size = max_size
+        self.size = size
+        self.max_skips = max_skips
+        self.grow_after = grow_after
+        self.calibrator = calibrator or Calibrator(
+            base_prior=float(profile.weight_bytes), slope_prior=profile.bytes_per_token
+        )
+        self._hard = size if mode == "fixed" else max_size
+        self._limit = self._hard if mode == "fixed" else min(max_size, max(1, initial_size))
+        self._slow_start = mode == "auto"
+        self._streak = 0
+        self._limited = False
+        self._boost = 1.0
+        self._oom_count = 0
+        self._pressure_count = 0
+        self._last_preemptions: int | None = None
+        self._last_n = 0
+        self._last_planned_peak: int | None = None
+        self._last_predicted: int | None = None
+        self._last_measured: int | None = None
+        self._mean_tokens: float | None = None
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: BatchSettings,
+        source: Engine | ModelProfile,
+        probe: MemoryProbe | None = None,
+        *,
+        capacity_bytes: int | None = None,
+    ) -> Governor:
+        """A governor for an engine (its ``memory_profile``) or a profile. Capacity: the argument,
+        else the engine's own ``capacity_bytes`` (vLLM: its gpu_memory_utilization share), else
+        the probe's device total; ``settings.memory_cap_bytes`` caps it."""
+        profile = source if isinstance(source, ModelProfile) else profile_of(source)
+        if capacity_bytes is None:
+            device = probe.read() if probe is not None else None
+            engine_capacity = getattr(source, "capacity_bytes", None)
+            capacity_bytes = resolve_capacity(
+                device.total if device is not None else None,
+                engine_capacity if isinstance(engine_capacity, int) else None,
+            )
+        return cls(
+            profile,
+            capacity_bytes=capacity_bytes,
+            headroom=settings.headroom,
+            max_size=settings.max_size,
+            mode=settings.mode,
+            size=settings.size,
+            memory_cap_bytes=settings.memory_cap_bytes,
+        )
+
+    # ---- prediction -------------------------------------------------------------------------
+
+    def predict(self, costs: Sequence[ImageCost]) -> int:
+        """Predicted engine-reported peak of this batch, bytes (no margin, no overhead)."""
+        with self._lock:
+            return int(self._predict_tokens(batch_tokens(costs, self.profile.padded)))
+
+    def _predict_tokens(self, tokens: float) -> float:
+        return self.calibrator.predict(tokens) * self._boost
+
+    def _token_room(self, free_bytes: int | None) -> float | None:
+        """Most batch tokens the budget admits now (None: no budget, count only)."""
+        if self.budget is None or self.capacity is None:
+            return None
+        budget = float(self.budget)
+        if free_bytes is not None:
+            # free is read between batches, while this process holds its weights and context
+            resident = self.profile.weight_bytes + self.profile.overhead_bytes
+            budget = min(budget, free_bytes + resident - self.capacity * self.headroom)
+        allowed = (budget - self.profile.overhead_bytes) / (1.0 + self.calibrator.margin()) / self._boost
+        return self.calibrator.tokens_within(allowed)
+
+    def count_limit(self) -> int:
+        """Most images the next batch may hold (hard cap and the AIMD limit)."""
+        with self._lock:
+            return max(1, min(self._hard, self._limit))
+
+    # ---- planning ---------------------------------------------------------------------------
+
+    def plan(
+        self,
+        pending: Sequence[ImageCost],
+        *,
+        free_bytes: int | None = None,
+        skips: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Indices (ascending) of the pending images, oldest first, to run next.
+
+        The oldest image is always taken, and so is any image already skipped ``max_skips``
+        times: packing by cost may pass over a big image to fill with small ones, never forever.
+        ``free_bytes`` (device free bytes now, plus what the process holds unused) lowers the
+        budget when other processes use the device.
+        """
+        with self._lock:
+            n = len(pending)
+            if n == 0:
+                return []
+            cap_n = max(1, min(self._hard, self._limit))
+            self._note_mix(pending)
+            chosen = self._select(pending, free_bytes, skips)
+            self._limited = len(chosen) >= cap_n and n > len(chosen)
+            self._last_n = len(chosen)
+            picked = [pending[i] for i in chosen]
+            self._last_planned_peak = int(
+                self._predict_tokens(batch_tokens(picked, self.profile.padded))
+            )
+            return chosen
+
+    def full(self, pending: Sequence[ImageCost], *, free_bytes: int | None = None) -> bool:
+        """Whether ``plan`` would leave some of ``pending`` behind: no point waiting for more."""
+        with self._lock:
+            return len(self._select(pending, free_bytes, None)) < len(pending)
+
+    def _select(
+        self, pending: Sequence[ImageCost], free_bytes: int | None, skips: Sequence[int] | None
+    ) -> list[int]:
+        n = len(pending)
+        cap_n = max(1, min(self._hard, self._limit))
+        room = None if self.mode == "fixed" else self._token_room(free_bytes)
+        if room is None:
+            return list(range(min(n, cap_n)))
+        return self._pack(pending, room, cap_n, skips)
+
+    def _pack(
+        self, pending: Sequence[ImageCost], room: float, cap_n: int, skips: Sequence[int] | None
+    ) -> list[int]:
+        n = len(pending)
+        pinned = [0] + [i for i in range(1, n) if skips is not None and skips[i] >= self.max_skips]
+        pinned_set = set(pinned)
+        lookahead = min(n, 1 + 4 * self._hard + len(pinned))
+        order = pinned + [i for i in range(1, lookahead) if i not in pinned_set]
+        chosen: list[int] = []
+        total = 0
+        longest = 0
+        for i in order:
+            if len(chosen) >= cap_n:
+                break
+            t = pending[i].total_tokens
+            if self.profile.padded:
+                need = (len(chosen) + 1) * max(longest, t)
+            else:
+                need = total + t
+            if not chosen or need <= room:
+                chosen.append(i)
+                total += t
+                longest = max(longest, t)
+        return sorted(chosen)
+
+    def _note_mix(self, pending: Sequence[ImageCost]) -> None:
+        mean = sum(c.total_tokens for c in pending) / len(pending)
+        self._mean_tokens = mean if self._mean_tokens is None else 0.8 * self._mean_tokens + 0.2 * mean
+
+    # ---- feedback ---------------------------------------------------------------------------
+
+    def observe(self, costs: Sequence[ImageCost], measured_peak_bytes: int) -> None:
+        """A batch ran; its engine-reported peak calibrates the model."""
+        if not costs or measured_peak_bytes <= 0:
+            return
+        with self._lock:
+            tokens = batch_tokens(costs, self.profile.padded)
+            predicted = self._predict_tokens(tokens)
+            self._last_predicted = int(predicted)
+            self._last_measured = measured_peak_bytes
+            self.calibrator.add(tokens, float(measured_peak_bytes), predicted=predicted)
+            self._boost = 1.0 + (self._boost - 1.0) * _BOOST_DECAY
+
+    def on_oom(self, costs: Sequence[ImageCost]) -> None:
+        """A batch ran out of device memory: halve the count limit, bump the coefficient.
+
+        A lone image that does not fit says nothing about how many images fit, so it only
+        teaches the cost model (the batcher downscales or fails that image)."""
+        with self._lock:
+            self._oom_count += 1
+            self._streak = 0
+            self._slow_start = False
+            tokens = batch_tokens(costs, self.profile.padded)
+            if self.capacity is not None and tokens > 0:
+                # censored observation: the true peak was at least what the device could give;
+                # news only when the model thought it fitted
+                floor = float(self.capacity - self.profile.overhead_bytes)
+                if self.calibrator.predict(tokens) < floor:
+                    self.calibrator.add_lower_bound(tokens, floor)
+            if len(costs) > 1:
+                self._limit = max(1, min(self._limit, len(costs) // 2))
+                self._boost = min(_MAX_BOOST, self._boost * _OOM_BOOST)
+
+    def on_success(self) -> None:
+        """A planned batch ran without OOM: grow the count limit while it is what binds."""
+        with self._lock:
+            self._streak += 1
+            if not self._limited or self._limit >= self._hard:
+                return
+            if self._slow_start:
+                self._limit = min(self._hard, self._limit * 2)
+            elif self._streak >= self.grow_after:
+                self._limit = min(self._hard, self._limit + max(1, math.ceil(self._limit / 8)))
+                self._streak = 0
+
+    def on_pressure(
+        self, kv_usage: float | None, waiting: int | None = None, preemptions: int | None = None
+    ) -> None:
+        """Paged-KV signals (vLLM). ``preemptions`` is the engine's cumulative counter (a drop
+        means it restarted). New preemptions or a nearly full KV cache shrink the limit like a
+        soft OOM; a busy cache or a waiting queue holds growth; low usage lets it grow."""
+        with self._lock:
+            new_preemptions = 0
+            if preemptions is not None:
+                last = self._last_preemptions  # None: the first sample is a baseline, not news
+                if last is not None:
+                    new_preemptions = preemptions - last if preemptions >= last else preemptions
+                self._last_preemptions = preemptions
+            usage = kv_usage or 0.0
+            if new_preemptions > 0 or usage >= _KV_SHRINK:
+                self._pressure_count += 1
+                self._slow_start = False
+                self._streak = 0
+                self._limit = max(1, min(self._limit, int(max(1, self._last_n) * 0.75)))
+            elif usage >= _KV_HOLD or (waiting or 0) > 0:
+                self._streak = 0
+                self._limited = False
+
+    # ---- read-outs --------------------------------------------------------------------------
+
+    def typical_batch(self) -> int:
+        """Images a batch of the current workload mix holds (limit and budget)."""
+        with self._lock:
+            cap_n = max(1, min(self._hard, self._limit))
+            room = None if self.mode == "fixed" else self._token_room(None)
+            if room is None or not self._mean_tokens:
+                return cap_n
+            per_image = self._mean_tokens
+            if self.profile.padded:
+                per_image *= 1.5  # mixed batches pad up to their longest image
+            return max(1, min(cap_n, int(room // per_image)))
+
+    def desired_backlog(self) -> int:
+        """Images a worker should hold locally: two batches, so the engine never waits for intake
+        while the broker keeps the rest for other workers."""
+        return 2 * self.typical_batch()
+
+    def state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "capacity_bytes": self.capacity,
+                "budget_bytes": self.budget,
+                "headroom": self.headroom,
+                "count_limit": max(1, min(self._hard, self._limit)),
+                "slow_start": self._slow_start,
+                "batch_size": self._last_n,
+                "planned_peak_bytes": self._last_planned_peak,
+                "predicted_peak_bytes": self._last_predicted,
+                "measured_peak_bytes": self._last_measured,
+                "oom_count": self._oom_count,
+                "pressure_count": self._pressure_count,
+                "boost": round(self._boost, 4),
+                "base_bytes": int(self.calibrator.base),
+                "bytes_per_token": round(self.calibrator.slope, 1),
+                "margin": round(self.calibrator.margin(), 4),
+                "calibration_error": self.calibrator.error(),
+                "observations": self.calibrator.observations,
+            }

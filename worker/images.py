@@ -1,0 +1,176 @@
+"""Fetched bytes -> upright RGB pages within the pixel cap, with typed errors.
+
+One page per frame (multi-page TIFF, animated GIF/WebP) up to ``max_pages``. EXIF orientation is
+applied; alpha is flattened on white; 16-bit and float images are scaled to 8 bits (not clipped);
+images above ``max_pixels`` are downscaled keeping their aspect and the scale is recorded, so
+engine coordinates map back with ``x / page.scale``.
+
+Errors: bytes that are not an image (or are truncated) -> ``BadImage``; a container we do not
+accept (PDF, PostScript/EPS, SVG/XML, HEIC, or a Pillow format outside ``ACCEPTED_FORMATS``) ->
+``UnsupportedFormat``; a frame above ``bomb_pixels`` -> ``TooLarge`` (checked from the header,
+before any pixel is decoded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import threading
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from ocrq.errors import BadImage, OcrqError, TooLarge, UnsupportedFormat
+from ocrq.settings import LimitSettings
+
+#: Pillow formats we decode; anything else Pillow recognises is refused (smaller attack surface)
+ACCEPTED_FORMATS = frozenset({
+    "JPEG", "MPO", "PNG", "TIFF", "BMP", "DIB", "GIF", "WEBP", "PPM", "JPEG2000", "AVIF",
+})
+#: MPO's extra frames are stereo pairs or previews of the same photo, not pages
+_SINGLE_FRAME = frozenset({"MPO"})
+_REFUSED_MAGIC = ((b"%PDF", "PDF"), (b"%!PS", "PostScript/EPS"), (b"\xc5\xd0\xd3\xc6", "EPS"))
+_HEIC_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis")
+_ORIENTATION = 0x0112
+_SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+_ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+_PIL_LIMIT_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Page:
+    """One decoded frame, ready for an engine."""
+
+    image: Image.Image
+    #: frame number in the file (0-based)
+    index: int
+    width: int
+    height: int
+    #: upright (after EXIF orientation) full-resolution size
+    original_width: int
+    original_height: int
+    #: width / original_width (1.0 when not downscaled)
+    scale: float
+    #: frames in the file; more than the pages returned when ``max_pages`` cut it short
+    frame_count: int = 1
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def decode(data: bytes, limits: LimitSettings) -> list[Page]:
+    """Decode every frame (up to ``limits.max_pages``) into an upright RGB ``Page``."""
+    if not data:
+        raise BadImage("empty image bytes")
+    _refuse_known_unsupported(data)
+    _raise_pillow_guard(limits.bomb_pixels)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = img.format or "unknown"
+            if fmt not in ACCEPTED_FORMATS:
+                raise UnsupportedFormat(f"{fmt} images are not accepted")
+            frames = 1 if fmt in _SINGLE_FRAME else max(1, int(getattr(img, "n_frames", 1)))
+            pages = []
+            for index in range(min(frames, max(1, limits.max_pages))):
+                if index:
+                    img.seek(index)
+                pages.append(_page(img, index, frames, limits))
+            return pages
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise TooLarge(f"decompression bomb refused: {exc}") from exc
+    except (OcrqError, MemoryError):
+        raise
+    except Exception as exc:  # Pillow raises many types on corrupt input; all mean "not an image"
+        raise BadImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
+
+
+def _refuse_known_unsupported(data: bytes) -> None:
+    for magic, name in _REFUSED_MAGIC:
+        if data.startswith(magic):
+            raise UnsupportedFormat(f"{name} documents are not accepted (rasterise pages first)")
+    if data[4:8] == b"ftyp" and data[8:12] in _HEIC_BRANDS:
+        raise UnsupportedFormat("HEIC images are not accepted")
+    head = data[:1024].lstrip(b"\xef\xbb\xbf \t\r\n").lower()
+    if head.startswith(b"<?xml") or b"<svg" in head:
+        raise UnsupportedFormat("SVG/XML images are not accepted")
+
+
+def _raise_pillow_guard(bomb_pixels: int) -> None:
+    # Pillow's own guard is one process-wide number (warning above it, error above twice it).
+    # Our per-frame check below is the real limit, so Pillow's is only ever raised to ours
+    # (never lowered: other threads may rely on it), under a lock, and never disabled.
+    with _PIL_LIMIT_LOCK:
+        current = Image.MAX_IMAGE_PIXELS
+        if current is not None and current < bomb_pixels:
+            Image.MAX_IMAGE_PIXELS = bomb_pixels
+
+
+def _page(img: Image.Image, index: int, frames: int, limits: LimitSettings) -> Page:
+    width, height = img.size
+    if width * height > limits.bomb_pixels:
+        raise TooLarge(f"{width}x{height} pixels exceeds the {limits.bomb_pixels} pixel bomb guard")
+    swap = img.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8)
+    original = (height, width) if swap else (width, height)
+    if img.format == "JPEG" or img.format == "MPO":
+        # Let libjpeg decode at 1/2..1/8 scale when we will downscale anyway (less memory/time).
+        ratio = math.sqrt(limits.max_pixels / (width * height))
+        if ratio < 1:
+            img.draft(img.mode, (max(1, math.ceil(width * ratio)), max(1, math.ceil(height * ratio))))
+    upright = ImageOps.exif_transpose(img)
+    assert upright is not None  # not in_place: always an image
+    rgb = _downscale(_to_rgb(upright), limits.max_pixels)
+    return Page(
+        image=rgb, index=index, width=rgb.width, height=rgb.height,
+        original_width=original[0], original_height=original[1],
+        scale=rgb.width / original[0], frame_count=frames,
+    )
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode in _SIXTEEN_BIT:
+        image = _stretch(image.convert("I"), 0.0, 65535.0)
+    elif mode in ("I", "F"):
+        image = _high_depth_to_l(image)
+    has_alpha = image.mode in _ALPHA_MODES or "transparency" in image.info
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _high_depth_to_l(image: Image.Image) -> Image.Image:
+    """32-bit int / float images: keep a known range (8-bit, 16-bit, 0..1), else stretch."""
+    extrema = image.getextrema()
+    lo, hi = float(extrema[0]), float(extrema[1])  # type: ignore[arg-type]
+    if lo >= 0 and hi <= 255 and (image.mode == "I" or hi > 1):
+        return _stretch(image, 0.0, 255.0)
+    if image.mode == "F" and lo >= 0 and hi <= 1:
+        return _stretch(image, 0.0, 1.0)
+    if lo >= 0 and hi <= 65535:
+        return _stretch(image, 0.0, 65535.0)
+    return _stretch(image, lo, hi)
+
+
+def _stretch(image: Image.Image, lo: float, hi: float) -> Image.Image:
+    """Map [lo, hi] linearly onto 0..255 (rounded) as an L image."""
+    factor = 255.0 / (hi - lo) if hi > lo else 0.0
+    offset = 0.5 - lo * factor  # +0.5: the I/F -> L conversion truncates
+    return image.point(lambda v: v * factor + offset).convert("L")
+
+
+def _downscale(image: Image.Image, max_pixels: int) -> Image.Image:
+    width, height = image.size
+    if width * height <= max_pixels:
+        return image
+    ratio = math.sqrt(max_pixels / (width * height))
+    new_w, new_h = max(1, int(width * ratio)), max(1, int(height * ratio))
+    while new_w * new_h > max_pixels and (new_w > 1 or new_h > 1):  # float rounding guard
+        if new_w >= new_h:
+            new_w -= 1
+        else:
+            new_h -= 1
+    return image.resize((new_w, new_h), Image.Resampling.LANCZOS, reducing_gap=3.0)

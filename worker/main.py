@@ -1,0 +1,48 @@
+"""Start a worker process: settings → Celery app → tasks → engine (before consuming) → consume."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from celery import signals
+
+from ocrq.queue import make_celery
+from ocrq.settings import Settings
+from worker.context import WorkerContext, build_context
+from worker.prefetch import make_prefetch_step
+from worker.tasks import register_tasks
+
+log = logging.getLogger("ocrq.worker")
+
+
+def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname: str | None = None,
+               concurrency: int | None = None) -> None:
+    app = make_celery(settings)
+    holder: dict[str, WorkerContext] = {}
+
+    def get_ctx() -> WorkerContext:
+        return holder["ctx"]
+
+    register_tasks(app, get_ctx)
+    conc = concurrency or settings.queue.concurrency
+    app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc))
+
+    @signals.worker_init.connect(weak=False)
+    def _start_engine(**_: Any) -> None:
+        # the engine is ready before the consumer takes its first message
+        holder["ctx"] = build_context(settings)
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _stop_engine(**_: Any) -> None:
+        ctx = holder.pop("ctx", None)
+        if ctx is not None:
+            ctx.close()
+
+    name = hostname or f"ocrq-{settings.engine.kind}@{socket.gethostname()}"
+    argv = [
+        "worker", "--pool=threads", f"--concurrency={conc}", "-Q", ",".join(queues or [settings.queue.name]),
+        "-n", name, "-E", f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",
+    ]
+    app.worker_main(argv=argv)

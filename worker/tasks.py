@@ -1,0 +1,198 @@
+"""The chunk task: the life of a message, top to bottom.
+
+    fetch → validate (decode) → cache check → plan batch + infer (engine loop) → store → ack
+
+``process_chunk`` makes ONE attempt at every image of a chunk and reports per image; the retry
+policy (worker.retry) decides what goes back to the broker. Results are written to the store and
+the job index before the function returns, and Celery acks only after it returns (acks_late).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery, Task
+from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+
+from ocrq import keys
+from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
+from ocrq.refs import fetch
+from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
+from worker.context import WorkerContext
+from worker.engines.base import OcrRequest
+from worker.images import Page, decode, sha256_hex
+from worker.retry import backoff, should_retry
+
+log = logging.getLogger("ocrq.task")
+
+
+@dataclass
+class Prepared:
+    item: Item
+    sha256: str
+    pages: list[Page]
+    cache_key: str
+
+
+@dataclass
+class ChunkReport:
+    done: int = 0
+    cached: int = 0
+    failed: int = 0
+    retry: list[Item] = field(default_factory=list)
+    countdown: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"done": self.done, "cached": self.cached, "failed": self.failed, "retry": len(self.retry)}
+
+
+def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
+    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
+    pages = decode(data, ctx.settings.limits)
+    sha = sha256_hex(data)
+    return Prepared(item, sha, pages, keys.cache_key(sha, ctx.engine.revision, chunk.task, chunk.params))
+
+
+def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C901 - the lifecycle, in order
+    t0 = time.monotonic()
+    tag = f"job={chunk.job} n={len(chunk.items)}"
+    ctx.index.record([_record(chunk, it, ImageStatus.running) for it in chunk.items])
+
+    # 1-2. fetch + validate: bytes, decode, hash — in the fetch pool, overlapping other chunks' inference
+    futures = {it.id: ctx.fetch_pool.submit(_prepare, ctx, chunk, it) for it in chunk.items}
+    prepared: dict[str, Prepared] = {}
+    errors: dict[str, OcrqError] = {}
+    for item_id, fut in futures.items():
+        try:
+            prepared[item_id] = fut.result()
+        except Exception as exc:  # typed errors from refs/images; anything else is classified
+            errors[item_id] = classify(exc)
+    log.info("→ fetch %s ok=%d bad=%d %.2fs", tag, len(prepared), len(errors), time.monotonic() - t0)
+
+    # 3. cache check: one MGET for the chunk; hits never reach the engine
+    hits = ctx.cache.get_many([p.cache_key for p in prepared.values()])
+    log.info("→ cache %s hits=%d misses=%d", tag, sum(p.cache_key in hits for p in prepared.values()),
+             sum(p.cache_key not in hits for p in prepared.values()))
+
+    # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
+    t1 = time.monotonic()
+    pending: dict[str, list[Future[OcrOutput]]] = {}
+    for item_id, prep in prepared.items():
+        if prep.cache_key not in hits:
+            pending[item_id] = [
+                ctx.submit_once(f"{prep.cache_key}#{pg.index}",
+                                OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
+                for pg in prep.pages
+            ]
+    outputs: dict[str, list[OcrOutput]] = {}
+    for item_id, page_futures in pending.items():
+        try:
+            outputs[item_id] = [f.result() for f in page_futures]
+        except Exception as exc:
+            errors[item_id] = classify(exc)
+    log.info("→ infer %s images=%d %.2fs", tag, len(pending), time.monotonic() - t1)
+
+    # 5. store: cache entries (durable + hot), one result document per image, then the job index
+    fresh = {prepared[i].cache_key: outs for i, outs in outputs.items()}
+    ctx.cache.put_many(fresh)
+    report = ChunkReport()
+    records: list[ImageRecord] = []
+    docs: list[ImageResult] = []
+    for item in chunk.items:
+        prep = prepared.get(item.id)
+        if item.id in errors:
+            err = errors[item.id]
+            if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
+                report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
+                records.append(_record(chunk, item, ImageStatus.retrying, err, prep))
+                continue
+            report.failed += 1
+            rec = _record(chunk, item, ImageStatus.failed, err, prep)
+            docs.append(ImageResult(record=rec))
+        else:
+            assert prep is not None
+            cached = prep.cache_key in hits
+            outs = hits[prep.cache_key] if cached else outputs[item.id]
+            rec = _record(chunk, item, ImageStatus.done, None, prep, cached=cached, pages=len(outs))
+            report.done += 1
+            report.cached += cached
+            docs.append(ImageResult(record=rec, outputs=outs))
+        records.append(rec)
+    list(ctx.fetch_pool.map(
+        lambda d: ctx.store.put_json(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")),
+        docs,
+    ))
+    ctx.index.record(records)
+    log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
+
+    # 6. ack (by returning) — or hand the retryable images back to the broker, alone
+    if report.retry:
+        q = ctx.settings.queue
+        report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
+    log.info("← ack %s done=%d cached=%d failed=%d retry=%d %.2fs", tag, report.done, report.cached,
+             report.failed, len(report.retry), time.monotonic() - t0)
+    return report
+
+
+def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
+            prep: Prepared | None = None, cached: bool = False, pages: int = 0) -> ImageRecord:
+    return ImageRecord(
+        id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
+        cached=cached, pages=pages,
+        sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
+        error=ErrorInfo(**error.to_dict()) if error else None,
+    )
+
+
+def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
+    """Register the chunk task on ``app``; the context is built once per worker process."""
+
+    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None)
+    def ocr_chunk(self: Task, message: dict[str, Any]) -> dict[str, Any]:
+        chunk = Chunk.model_validate(message)
+        ctx = get_ctx()
+        try:
+            report = process_chunk(ctx, chunk)
+        except SoftTimeLimitExceeded:
+            err = EngineTimeout(f"chunk exceeded {ctx.settings.queue.time_limit}s")
+            report = _retry_all(ctx, chunk, err)
+        except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
+            report = _retry_all(ctx, chunk, exc)
+        if report.retry:
+            retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
+            try:
+                self.retry(args=(retry_msg,), countdown=report.countdown)  # raises Retry
+            except Retry:
+                raise
+            except Exception as exc:
+                # could not publish the retry (broker down): give the message back, lose nothing
+                raise Reject(f"retry publish failed: {exc}", requeue=True) from exc
+        return report.summary()
+
+    return ocr_chunk
+
+
+def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError) -> ChunkReport:
+    log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
+    report = ChunkReport()
+    for item in chunk.items:
+        if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
+            report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
+        else:
+            report.failed += 1
+    q = ctx.settings.queue
+    report.countdown = backoff(min((i.attempt for i in chunk.items), default=1), q.backoff_base, q.backoff_max)
+    try:
+        ctx.index.record([
+            _record(chunk, it, ImageStatus.retrying if should_retry(err, it.attempt, q.max_attempts)
+                    else ImageStatus.failed, err) for it in chunk.items
+        ])
+    except Exception:
+        log.exception("! could not record chunk failure for job=%s", chunk.job)
+    return report
