@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -136,10 +137,10 @@ def _write_results(handle: Any, out: Path) -> int:
 def _show(handle: Any) -> None:
     for result in sorted(handle.results(), key=lambda r: r.record.ref):
         rec = result.record
-        head = f"{Path(rec.ref).name}  [{rec.status.value}{' · cached' if rec.cached else ''}]"
+        head = escape(f"{Path(rec.ref).name}  [{rec.status.value}{' · cached' if rec.cached else ''}]")
         console.print(f"[bold cyan]{head}[/]")
         if rec.error:
-            console.print(f"  [red]{rec.error.type}[/]: {rec.error.message}")
+            console.print(f"  [red]{rec.error.type}[/]: {escape(rec.error.message)}")
         for line in result.text.splitlines():
             console.print(f"  {line}", markup=False, highlight=False)
 

@@ -12,6 +12,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+#: a measured peak below this fraction of the prediction is suspect
+_LOW_GLITCH = 0.5
+#: ... until this many come in a row
+_LOW_GLITCH_RUN = 3
+
 
 @dataclass(frozen=True)
 class _Point:
@@ -45,6 +50,8 @@ class Calibrator:
         self.base = self.base_prior
         self.slope = slope_prior
         self.observations = 0
+        self.rejected = 0
+        self._low_streak = 0
         self._points: deque[_Point] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=error_window)
         self._margin = max(min_margin, prior_margin)
@@ -69,11 +76,20 @@ class Calibrator:
     def add(self, tokens: float, peak: float, *, predicted: float | None = None) -> None:
         if tokens <= 0 or peak <= 0:
             return
-        guess = self.predict(tokens) if predicted is None else predicted
+        expected = self.predict(tokens)
+        # once calibrated, a peak far below the fit is a glitch (a lost counter, a lazy
+        # allocator) more often than news, and trusting it would make the next batch bigger:
+        # ignore it unless it keeps happening. Before that, a low prior comes down halfway a step.
+        if peak < _LOW_GLITCH * expected:
+            if self.observations >= self.warmup and self._low_streak < _LOW_GLITCH_RUN:
+                self._low_streak += 1
+                self.rejected += 1
+                return
+            peak = _LOW_GLITCH * expected
+        else:
+            self._low_streak = 0
+        guess = expected if predicted is None else predicted
         self._errors.append(abs(guess - peak) / peak)
-        # a peak far below the fit is a glitch (a missed reset, a lazy allocator) more often than
-        # news, and trusting it would make the next batch bigger: take it at most halfway down
-        peak = max(peak, 0.5 * self.predict(tokens))
         self._points.append(_Point(float(tokens), peak))
         self.observations += 1
         self._refit()

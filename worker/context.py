@@ -35,17 +35,18 @@ class WorkerContext:
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit_once(self, key: str, request: OcrRequest) -> Future[OcrOutput]:
+    def submit_once(self, key: str, request: OcrRequest) -> tuple[Future[OcrOutput], bool]:
         """Send a page to the engine loop unless the same content is already in flight here
-        (two refs with the same bytes in flight at once run the engine once)."""
+        (two refs with the same bytes in flight at once run the engine once). Returns the
+        future and whether it was shared (the engine did not run for this request)."""
         with self._lock:
             fut = self._inflight.get(key)
             if fut is not None:
-                return fut
+                return fut, True
             fut = self.loop.submit(request)
             self._inflight[key] = fut
         fut.add_done_callback(lambda _f: self._forget(key))
-        return fut
+        return fut, False
 
     def _forget(self, key: str) -> None:
         with self._lock:

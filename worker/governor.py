@@ -110,11 +110,7 @@ class Governor:
             raise ValueError("max_size and size must be >= 1")
         self.profile = profile
         self.mode: Mode = mode
-        self.capacity = (
-            min(capacity_bytes, memory_cap_bytes)
-            if capacity_bytes is not None and memory_cap_bytes is not None
-            else capacity_bytes if capacity_bytes is not None else memory_cap_bytes
-        )
+        self.capacity = resolve_capacity(capacity_bytes, None, memory_cap_bytes)
         self.headroom = headroom
         self.budget = None if self.capacity is None else int(self.capacity * (1.0 - headroom))
         self.max_size = max_size
@@ -137,7 +133,7 @@ class Governor:
         self._last_planned_peak: int | None = None
         self._last_predicted: int | None = None
         self._last_measured: int | None = None
-        self._mean_tokens: float | None = None
+        self._image_tokens: float | None = None
         self._lock = threading.RLock()
 
     @classmethod
@@ -208,8 +204,9 @@ class Governor:
     ) -> list[int]:
         """Indices (ascending) of the pending images, oldest first, to run next.
 
-        The oldest image is always taken, and so is any image already skipped ``max_skips``
-        times: packing by cost may pass over a big image to fill with small ones, never forever.
+        Packing by cost may pass over a big image to fill with small ones, never forever: an
+        image skipped ``max_skips`` times goes first, otherwise the oldest does (the first one
+        always goes, even alone over budget: the batcher then downscales or fails it).
         ``free_bytes`` (device free bytes now, plus what the process holds unused) lowers the
         budget when other processes use the device.
         """
@@ -229,9 +226,11 @@ class Governor:
             return chosen
 
     def full(self, pending: Sequence[ImageCost], *, free_bytes: int | None = None) -> bool:
-        """Whether ``plan`` would leave some of ``pending`` behind: no point waiting for more."""
+        """Whether the next batch is as big as it can get (it would leave images behind, or
+        holds the count limit): no point lingering for more."""
         with self._lock:
-            return len(self._select(pending, free_bytes, None)) < len(pending)
+            chosen = self._select(pending, free_bytes, None)
+            return len(chosen) < len(pending) or len(chosen) >= max(1, min(self._hard, self._limit))
 
     def _select(
         self, pending: Sequence[ImageCost], free_bytes: int | None, skips: Sequence[int] | None
@@ -247,7 +246,10 @@ class Governor:
         self, pending: Sequence[ImageCost], room: float, cap_n: int, skips: Sequence[int] | None
     ) -> list[int]:
         n = len(pending)
-        pinned = [0] + [i for i in range(1, n) if skips is not None and skips[i] >= self.max_skips]
+        # images skipped too often go first, then the oldest, then the rest in arrival order
+        pinned = [i for i in range(n) if skips is not None and skips[i] >= self.max_skips]
+        if 0 not in pinned:
+            pinned.append(0)
         pinned_set = set(pinned)
         lookahead = min(n, 1 + 4 * self._hard + len(pinned))
         order = pinned + [i for i in range(1, lookahead) if i not in pinned_set]
@@ -269,8 +271,11 @@ class Governor:
         return sorted(chosen)
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
-        mean = sum(c.total_tokens for c in pending) / len(pending)
-        self._mean_tokens = mean if self._mean_tokens is None else 0.8 * self._mean_tokens + 0.2 * mean
+        """Running per-image tokens of the workload (padded engines pay the longest image)."""
+        tokens = [c.total_tokens for c in pending]
+        per_image = max(tokens) if self.profile.padded else sum(tokens) / len(tokens)
+        old = self._image_tokens
+        self._image_tokens = per_image if old is None else 0.8 * old + 0.2 * per_image
 
     # ---- feedback ---------------------------------------------------------------------------
 
@@ -348,12 +353,9 @@ class Governor:
         with self._lock:
             cap_n = max(1, min(self._hard, self._limit))
             room = None if self.mode == "fixed" else self._token_room(None)
-            if room is None or not self._mean_tokens:
+            if room is None or not self._image_tokens:
                 return cap_n
-            per_image = self._mean_tokens
-            if self.profile.padded:
-                per_image *= 1.5  # mixed batches pad up to their longest image
-            return max(1, min(cap_n, int(room // per_image)))
+            return max(1, min(cap_n, int(room // self._image_tokens)))
 
     def desired_backlog(self) -> int:
         """Images a worker should hold locally: two batches, so the engine never waits for intake
@@ -381,4 +383,5 @@ class Governor:
                 "margin": round(self.calibrator.margin(), 4),
                 "calibration_error": self.calibrator.error(),
                 "observations": self.calibrator.observations,
+                "rejected_peaks": self.calibrator.rejected,
             }

@@ -83,23 +83,26 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C90
     # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
     t1 = time.monotonic()
     pending: dict[str, list[Future[OcrOutput]]] = {}
+    shared: set[str] = set()  # same bytes already in flight: the engine runs once, this one is a hit
     for item_id, prep in prepared.items():
         if prep.cache_key not in hits:
-            pending[item_id] = [
-                ctx.submit_once(f"{prep.cache_key}#{pg.index}",
-                                OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
-                for pg in prep.pages
-            ]
+            subs = [ctx.submit_once(f"{prep.cache_key}#{pg.index}",
+                                    OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
+                    for pg in prep.pages]
+            pending[item_id] = [f for f, _ in subs]
+            if all(was_shared for _, was_shared in subs):
+                shared.add(item_id)
     outputs: dict[str, list[OcrOutput]] = {}
     for item_id, page_futures in pending.items():
         try:
             outputs[item_id] = [f.result() for f in page_futures]
         except Exception as exc:
             errors[item_id] = classify(exc)
-    log.info("→ infer %s images=%d %.2fs", tag, len(pending), time.monotonic() - t1)
+    log.info("→ infer %s images=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
+             time.monotonic() - t1)
 
     # 5. store: cache entries (durable + hot), one result document per image, then the job index
-    fresh = {prepared[i].cache_key: outs for i, outs in outputs.items()}
+    fresh = {prepared[i].cache_key: outs for i, outs in outputs.items() if i not in shared}
     ctx.cache.put_many(fresh)
     report = ChunkReport()
     records: list[ImageRecord] = []
@@ -117,8 +120,8 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C90
             docs.append(ImageResult(record=rec))
         else:
             assert prep is not None
-            cached = prep.cache_key in hits
-            outs = hits[prep.cache_key] if cached else outputs[item.id]
+            outs = hits[prep.cache_key] if prep.cache_key in hits else outputs[item.id]
+            cached = prep.cache_key in hits or item.id in shared
             rec = _record(chunk, item, ImageStatus.done, None, prep, cached=cached, pages=len(outs))
             report.done += 1
             report.cached += cached

@@ -23,7 +23,8 @@ from torch.nn import functional as F
 
 
 def _rms(module: Any, x: torch.Tensor) -> torch.Tensor:
-    return module(x)  # type: ignore[no-any-return]
+    out: torch.Tensor = module(x)
+    return out
 
 
 class StaticDecoder:

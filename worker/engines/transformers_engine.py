@@ -187,7 +187,8 @@ class TransformersEngine:
             lambda: self._generate(requests, texts, topk=k, max_new=steps, stops=False, decode=decode)
         )
         ids, lps = info["topk"]
-        return [[list(zip(ids[b][t], lps[b][t], strict=True)) for t in range(steps)] for b in range(len(rows))]
+        return [[list(zip(ids[b][t], lps[b][t], strict=True)) for t in range(steps)]
+                for b in range(len(rows))]
 
     # ------------------------------------------------------------------------------------------
     # internals
@@ -225,14 +226,15 @@ class TransformersEngine:
         import torch
 
         images = [r.image.convert("RGB") if r.image.mode != "RGB" else r.image for r in reqs]
-        enc = self.processor(text=texts, images=images, padding=True, padding_side="left", return_tensors="pt")
-        enc = enc.to(self.device)
+        enc = self.processor(text=texts, images=images, padding=True, padding_side="left",
+                             return_tensors="pt").to(self.device)
         # per-row multimodal positions: image index 0 in every row, as when the image runs alone
         core = self.model.model
         pos = [
-            core.get_rope_index(enc["input_ids"][b:b + 1], mm_token_type_ids=enc["mm_token_type_ids"][b:b + 1],
-                                image_grid_thw=enc["image_grid_thw"][b:b + 1],
-                                attention_mask=enc["attention_mask"][b:b + 1])[0]
+            core.get_rope_index(
+                enc["input_ids"][b:b + 1], mm_token_type_ids=enc["mm_token_type_ids"][b:b + 1],
+                image_grid_thw=enc["image_grid_thw"][b:b + 1], attention_mask=enc["attention_mask"][b:b + 1],
+            )[0]
             for b in range(len(reqs))
         ]
         enc["position_ids"] = torch.cat(pos, dim=1)
@@ -259,7 +261,7 @@ class TransformersEngine:
             enc = self._encode(reqs, texts)
             ids, mask, pos = enc["input_ids"], enc["attention_mask"], enc["position_ids"]
             bsz, plen = ids.shape
-            cache = DynamicCache(config=self.model.config.text_config)
+            cache: Any = DynamicCache(config=self.model.config.text_config)
             out = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=pos, pixel_values=enc["pixel_values"],
                 image_grid_thw=enc["image_grid_thw"], mm_token_type_ids=enc["mm_token_type_ids"],
@@ -342,7 +344,8 @@ class TransformersEngine:
             "task": req.task, "generated_tokens": row.generated, "stop_reason": row.stop_reason,
             "repetition": {"unit": row.repetition.unit, "repeats": row.repetition.repeats}
             if row.repetition else None,
-            "vision_tokens": hunyuan.vision_tokens(width, height, self.settings.min_pixels, self.settings.max_pixels),
+            "vision_tokens": hunyuan.vision_tokens(
+                width, height, self.settings.min_pixels, self.settings.max_pixels),
             "batch_size": info["batch"], "decode": info["decode"],
             "prefill_s": round(info["prefill_s"], 4), "decode_s": round(info["decode_s"], 4),
         }

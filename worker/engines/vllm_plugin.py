@@ -14,8 +14,9 @@ idempotent, logged once, and deletable on its own when vLLM/transformers fix the
    ((gh/2)*(gw/2+1)+2), so in a batch of several images, images 2..N get other images'
    embeddings (only a warning is logged). We hand it the real per-image token counts.
 
-Set ``OCRQ_VLLM_DISABLE_SPLIT_FIX=1`` to leave fix 3 out (the batch-invariance test uses it to
-prove the bug is still there, so the test keeps its teeth).
+Set ``OCRQ_VLLM_DISABLE_SPLIT_FIX=1`` to leave fix 3 out in every vLLM process (e.g. a server),
+or flip ``split_fix.enabled`` in-process: the batch-invariance tests use both to prove the bug is
+still there without the fix, so the invariance check keeps its teeth.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ _PATCHED_ATTR = "__ocrq_patched__"
 
 #: names of the fixes applied in this process (for logs and tests)
 applied: list[str] = []
+
+
+class _Switch:
+    enabled = True
+
+
+#: fix 3 is consulted per call, so tests can compare both paths on one engine
+split_fix = _Switch()
 
 
 def register() -> None:
@@ -99,14 +108,14 @@ def _contiguous_merger(version: str) -> bool:
         return original(self, hidden_states, size)
 
     setattr(forward, _PATCHED_ATTR, True)
-    merger.forward = forward
+    merger.forward = forward  # type: ignore[method-assign]
     return True
 
 
 def _split_fix(version: str) -> bool:
     if os.environ.get(DISABLE_SPLIT_FIX_ENV, "") not in ("", "0"):
         log.warning("ocrq vLLM plugin: %s set, HunyuanVL embedding split NOT fixed", DISABLE_SPLIT_FIX_ENV)
-        return False
+        split_fix.enabled = False
     if not version.startswith(SPLIT_BUG_VERSIONS):
         return False
     from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
@@ -116,7 +125,7 @@ def _split_fix(version: str) -> bool:
     original: Callable[..., Any] = MultiModalMixin._process_image_input
 
     def _process_image_input(self: Any, **kwargs: Any) -> Any:
-        if getattr(self.config, "model_type", None) == "hunyuan_vl":
+        if split_fix.enabled and getattr(self.config, "model_type", None) == "hunyuan_vl":
             tokens = hunyuan_tokens_per_image(kwargs.get("image_grid_thw"), self.config)
             if tokens is not None and "num_image_patches" in kwargs:
                 kwargs["num_image_patches"] = tokens
@@ -124,7 +133,7 @@ def _split_fix(version: str) -> bool:
 
     setattr(_process_image_input, _PATCHED_ATTR, True)
     MultiModalMixin._process_image_input = _process_image_input  # type: ignore[method-assign]
-    return True
+    return split_fix.enabled
 
 
 def hunyuan_tokens_per_image(grid_thw: Any, config: Any) -> Any:

@@ -1,0 +1,407 @@
+"""worker.batcher: the engine loop against the simulated engine (real threads, real futures)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from ocrq.errors import (
+    BadImage,
+    EngineCrashed,
+    EngineOOM,
+    EngineTimeout,
+    OcrqError,
+    TooLargeForDevice,
+)
+from ocrq.results import OcrOutput
+from tests.fakes.fake_nvml import FakeNvml
+from worker.batcher import EngineLoop, downscale_for_memory, is_oom
+from worker.engines.base import ImageCost, OcrRequest
+from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
+from worker.governor import Governor
+
+WEIGHTS = 1_000_000
+PER_TOKEN = 1_000
+
+
+def sim(capacity_images: float = 1000, weight_bytes: int = WEIGHTS, **kw: object) -> SimulatedEngine:
+    """Small numbers: 1 MB of weights, 1 kB per token, 256×256 images cost 74 tokens.
+    ``capacity_images``: how many 256×256 images fit at once next to the weights."""
+    return SimulatedEngine(
+        capacity_bytes=int(weight_bytes + capacity_images * 74 * PER_TOKEN), weight_bytes=weight_bytes,
+        bytes_per_token=PER_TOKEN, min_pixels=32 * 32, max_pixels=1024 * 1024, prompt_tokens=0,
+        output_tokens=0, **kw,  # type: ignore[arg-type]
+    )
+
+
+def image(i: int, size: tuple[int, int] = (256, 256)) -> Image.Image:
+    return Image.new("RGB", size, (i % 256, (i // 256) % 256, 99))
+
+
+def req(i: int, size: tuple[int, int] = (256, 256)) -> OcrRequest:
+    return OcrRequest(key=f"img-{i}", image=image(i, size))
+
+
+@pytest.fixture()
+def loops() -> Iterator[list[EngineLoop]]:
+    made: list[EngineLoop] = []
+    yield made
+    for loop in made:
+        loop.stop(timeout=2)
+
+
+def start(
+    made: list[EngineLoop], engine: SimulatedEngine, *, linger_s: float = 0.01, oom_retries: int = 3,
+    probe: FakeNvml | None = None, **gov: object,
+) -> EngineLoop:
+    gov.setdefault("max_size", 64)
+    governor = Governor(engine.memory_profile, capacity_bytes=engine.capacity_bytes, **gov)  # type: ignore[arg-type]
+    loop = EngineLoop(engine, governor, probe, linger_s=linger_s, oom_retries=oom_retries, oom_backoff_s=0)
+    made.append(loop)
+    loop.start()
+    return loop
+
+
+def outcome(fut: Future[OcrOutput], timeout: float = 10) -> OcrOutput | OcrqError:
+    try:
+        return fut.result(timeout)
+    except OcrqError as exc:
+        return exc
+
+
+# ---- is_oom -------------------------------------------------------------------------------------
+
+
+class OutOfMemoryErrorLike(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        EngineOOM("x"),
+        OutOfMemoryError("anything"),
+        RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        RuntimeError("HIP out of memory. Tried to allocate 20.00 MiB"),
+        EngineCrashed("OutOfMemoryError: CUDA out of memory."),  # classify() of a torch OOM
+    ],
+)
+def test_recognises_oom(exc: BaseException) -> None:
+    assert is_oom(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("CUDA error: device-side assert triggered"),
+        ValueError("index out of range"),
+        MemoryError("host RAM"),
+        OutOfMemoryErrorLike("similar name, no marker"),
+        EngineCrashed("engine died"),
+        EngineTimeout("no answer in 120 s"),
+        BadImage("out of memory in the PNG decoder"),  # not a device OOM message
+    ],
+)
+def test_other_errors_are_not_oom(exc: BaseException) -> None:
+    assert not is_oom(exc)
+
+
+def test_recognises_oom_wrapped_as_a_cause() -> None:
+    try:
+        try:
+            raise OutOfMemoryError("CUDA out of memory")
+        except OutOfMemoryError as inner:
+            raise EngineCrashed("generate failed") from inner
+    except EngineCrashed as outer:
+        assert is_oom(outer)
+
+
+# ---- the happy path -----------------------------------------------------------------------------
+
+
+def test_concurrent_submitters_get_every_result_in_shared_batches(loops: list[EngineLoop]) -> None:
+    engine = sim()
+    loop = start(loops, engine, linger_s=0.05, initial_size=64)
+    futures: dict[int, Future[OcrOutput]] = {}
+    lock = threading.Lock()
+
+    def submitter(offset: int) -> None:
+        for i in range(offset, offset + 15):
+            fut = loop.submit(req(i))
+            with lock:
+                futures[i] = fut
+
+    threads = [threading.Thread(target=submitter, args=(k * 100,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = {i: outcome(f) for i, f in futures.items()}
+    assert len(results) == 60
+    assert all(isinstance(r, OcrOutput) for r in results.values())
+    assert sorted(k for b in engine.batches for k in b) == sorted(f"img-{i}" for i in futures)
+    assert max(len(b) for b in engine.batches) > 1  # they really were batched
+    assert loop.state()["images"] == 60 and loop.state()["pending"] == 0
+
+
+def test_a_per_image_error_fails_only_that_image(loops: list[EngineLoop]) -> None:
+    engine = sim(bad_keys=["img-2"])
+    loop = start(loops, engine)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(5)])]
+    assert isinstance(results[2], BadImage)
+    assert all(isinstance(r, OcrOutput) for i, r in enumerate(results) if i != 2)
+
+
+def test_batch_invariance_alone_or_in_a_mixed_batch(loops: list[EngineLoop]) -> None:
+    engine = sim()
+    loop = start(loops, engine, linger_s=0.2, initial_size=64)
+    alone = outcome(loop.submit(req(7, (300, 200))))
+    mixed = loop.submit_many([req(i, (64 + 32 * (i % 5), 256)) for i in range(12)] + [req(7, (300, 200))])
+    together = outcome(mixed[-1])
+    assert isinstance(alone, OcrOutput) and isinstance(together, OcrOutput)
+    assert alone.text == together.text and alone.lines == together.lines
+    assert len(engine.batches[0]) == 1 and len(engine.batches[-1]) == 13
+
+
+def test_linger_collects_stragglers_but_a_full_batch_goes_at_once(loops: list[EngineLoop]) -> None:
+    engine = sim()
+    loop = start(loops, engine, linger_s=0.5, initial_size=4, max_size=4)
+    first = loop.submit(req(1))
+    time.sleep(0.05)
+    second = loop.submit(req(2))
+    outcome(first), outcome(second)
+    assert engine.batches == [["img-1", "img-2"]]
+    began = time.monotonic()
+    full = loop.submit_many([req(i) for i in range(10, 14)])  # count limit 4: full, no linger
+    [outcome(f) for f in full]
+    assert time.monotonic() - began < 0.4
+
+
+def test_big_and_small_images_are_packed_by_cost(loops: list[EngineLoop]) -> None:
+    # before calibration (20% margin) the budget admits ~1800 tokens: a 1024×1024 image (1058
+    # tokens) and ten 256×256 ones (74 each), not two big ones
+    engine = sim(capacity_images=37)
+    loop = start(loops, engine, linger_s=0.2, initial_size=64)
+    requests = [req(0, (1024, 1024)), req(1, (1024, 1024))] + [req(i) for i in range(2, 30)]
+    results = [outcome(f) for f in loop.submit_many(requests)]
+    assert all(isinstance(r, OcrOutput) for r in results)
+    first = engine.batches[0]
+    assert "img-0" in first and "img-1" not in first and len(first) > 2  # skipped, filled with small
+    assert max(engine.peaks) <= engine.capacity_bytes
+
+
+# ---- failures -----------------------------------------------------------------------------------
+
+
+def test_a_crash_is_not_mistaken_for_oom(loops: list[EngineLoop]) -> None:
+    engine = sim(crashes=1)
+    loop = start(loops, engine, linger_s=0.2, initial_size=8)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(6)])]
+    assert all(isinstance(r, EngineCrashed) and r.retryable for r in results)
+    assert len(engine.batches) == 1  # not bisected
+    assert loop.state()["oom_count"] == 0 and loop.state()["engine_errors"] == 1
+    assert isinstance(outcome(loop.submit(req(9))), OcrOutput)  # the loop lives on
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_oom_bisects_and_every_image_succeeds(loops: list[EngineLoop], raw: bool) -> None:
+    # the prior is 10x too optimistic: the governor's first batch of 16 cannot fit (10 do)
+    engine = sim(capacity_images=10, prior_scale=0.1, raw_oom=raw)
+    loop = start(loops, engine, linger_s=0.3, initial_size=16)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(16)])]
+    assert all(isinstance(r, OcrOutput) for r in results)
+    assert [len(b) for b in engine.batches[:3]] == [16, 8, 8]
+    state = loop.state()
+    assert state["oom_count"] == 1 and state["count_limit"] <= 8
+    assert max(engine.peaks) <= engine.capacity_bytes
+
+
+def test_oom_past_the_retry_levels_hands_images_back_retryable(loops: list[EngineLoop]) -> None:
+    # one image fits, two do not; the prior believes all eight do
+    engine = sim(capacity_images=1.5, weight_bytes=10_000, prior_scale=0.01)
+    loop = start(loops, engine, linger_s=0.3, initial_size=8, oom_retries=1)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(8)])]
+    assert [len(b) for b in engine.batches] == [8, 4, 4]
+    assert all(isinstance(r, EngineOOM) and r.retryable for r in results)
+
+
+def test_a_lone_image_too_large_even_downscaled_fails_permanently(loops: list[EngineLoop]) -> None:
+    engine = sim(capacity_images=1)  # a 1024×768 image (794 tokens) cannot fit, nor 512×384 (206)
+    loop = start(loops, engine)
+    result = outcome(loop.submit(req(1, (1024, 768))))
+    assert isinstance(result, TooLargeForDevice) and not result.retryable
+    assert engine.batches == [["img-1"], ["img-1"]]  # full size, then one downscaled retry
+    assert loop.state()["too_large"] == 1
+
+
+def test_a_lone_image_that_fits_at_half_size_runs_downscaled(loops: list[EngineLoop]) -> None:
+    engine = sim(capacity_images=8)  # 592 tokens of room: 1024×768 needs 794, 512×384 206
+    loop = start(loops, engine)
+    result = outcome(loop.submit(req(1, (1024, 768))))
+    assert isinstance(result, OcrOutput)
+    info = result.meta["downscaled_for_memory"]
+    assert info == {"from": [1024, 768], "to": [512, 384]}
+    assert (result.width, result.height) == (1024, 768)
+    # boxes are mapped back to the original image's pixels
+    assert max(p[0] for p in result.lines[0].box or []) == pytest.approx(1024)
+    assert loop.state()["downscaled"] == 1
+
+
+def test_downscale_targets_tokens_not_raw_pixels() -> None:
+    engine = sim()
+    big = OcrRequest("k", Image.new("RGB", (4000, 3000)))  # above the 1024² cap: the model shrinks it
+    small = downscale_for_memory(big, engine.cost)
+    assert small is not None
+    assert engine.cost(small).vision_tokens <= engine.cost(big).vision_tokens / 2
+    w, h = small.image.size
+    assert abs(w / h - 4 / 3) < 0.02 and small.key == "k"
+    floor = OcrRequest("k", Image.new("RGB", (32, 32)))  # at the model's minimum already
+    assert downscale_for_memory(floor, engine.cost) is None
+
+
+def test_transient_ooms_are_absorbed(loops: list[EngineLoop]) -> None:
+    engine = sim(transient_ooms=2)
+    loop = start(loops, engine, linger_s=0.2, initial_size=16)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(12)])]
+    assert all(isinstance(r, OcrOutput) for r in results)
+    assert loop.state()["oom_events"] == 2
+
+
+class FakeMiscountingEngine(SimulatedEngine):
+    """Returns one outcome too few: a broken engine the loop must not trust."""
+
+    def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        return super().infer(batch)[:-1]
+
+
+class FakeUnpriceableEngine(SimulatedEngine):
+    """cost() fails for one image (e.g. an engine-side validation)."""
+
+    def cost(self, request: OcrRequest) -> ImageCost:
+        if request.key == "img-1":
+            raise ValueError("cannot price this image")
+        return super().cost(request)
+
+
+def test_a_wrong_number_of_outcomes_fails_the_batch(loops: list[EngineLoop]) -> None:
+    engine = FakeMiscountingEngine(capacity_bytes=10**9, weight_bytes=WEIGHTS, bytes_per_token=PER_TOKEN)
+    loop = start(loops, engine, linger_s=0.2)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(3)])]
+    assert all(isinstance(r, EngineCrashed) for r in results)
+
+
+def test_a_cost_failure_fails_only_that_image(loops: list[EngineLoop]) -> None:
+    engine = FakeUnpriceableEngine(capacity_bytes=10**9, weight_bytes=WEIGHTS, bytes_per_token=PER_TOKEN)
+    loop = start(loops, engine)
+    results = [outcome(f) for f in loop.submit_many([req(i) for i in range(3)])]
+    assert isinstance(results[1], EngineCrashed) and "cannot price" in str(results[1])
+    assert isinstance(results[0], OcrOutput) and isinstance(results[2], OcrOutput)
+
+
+# ---- governor feedback --------------------------------------------------------------------------
+
+
+def test_vllm_like_pressure_shrinks_the_batch(loops: list[EngineLoop]) -> None:
+    # paged: never OOMs; over capacity it preempts, and the KV cache reads full
+    engine = sim(capacity_images=6, paged=True, prior_scale=0.01)
+    loop = start(loops, engine, linger_s=0.01, initial_size=32)
+    for round_ in range(4):
+        [outcome(f) for f in loop.submit_many([req(100 * round_ + i) for i in range(32)])]
+    state = loop.state()
+    assert state["pressure_count"] >= 1
+    assert len(engine.batches[-1]) < 32
+
+
+def test_other_processes_on_the_device_shrink_batches(loops: list[EngineLoop]) -> None:
+    engine = sim(capacity_images=40)
+    capacity = engine.capacity_bytes
+    probe = FakeNvml(total=capacity, used=WEIGHTS + 30 * 74 * PER_TOKEN)  # a neighbour holds 30 images' worth
+    loop = start(loops, engine, linger_s=0.3, probe=probe, initial_size=64, headroom=0.0)
+    [outcome(f) for f in loop.submit_many([req(i) for i in range(40)])]
+    assert probe.reads >= 1
+    assert len(engine.batches[0]) <= 10
+
+
+# ---- stop and no lost futures -------------------------------------------------------------------
+
+
+def test_stop_completes_every_future(loops: list[EngineLoop]) -> None:
+    engine = sim(batch_latency_s=0.2)
+    loop = start(loops, engine, linger_s=0.0, initial_size=2, max_size=2)
+    futures = loop.submit_many([req(i) for i in range(10)])
+    time.sleep(0.05)
+    loop.stop(timeout=0.1)
+    results = [outcome(f, timeout=0) for f in futures]
+    assert all(isinstance(r, OcrOutput | EngineCrashed) for r in results)
+    assert any(isinstance(r, EngineCrashed) for r in results)
+    late = outcome(loop.submit(req(99)), timeout=0)
+    assert isinstance(late, EngineCrashed) and late.retryable
+
+
+def test_a_cancelled_future_never_reaches_the_engine(loops: list[EngineLoop]) -> None:
+    engine = sim()
+    governor = Governor(engine.memory_profile, capacity_bytes=engine.capacity_bytes)
+    loop = EngineLoop(engine, governor, None, linger_s=0.01, oom_retries=3)
+    loops.append(loop)
+    futures = loop.submit_many([req(i) for i in range(3)])
+    assert futures[1].cancel()
+    loop.start()
+    assert isinstance(outcome(futures[0]), OcrOutput) and isinstance(outcome(futures[2]), OcrOutput)
+    assert "img-1" not in [k for b in engine.batches for k in b]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.sampled_from([(64, 64), (256, 256), (512, 384), (1024, 768), (2000, 1500)]),
+                   min_size=1, max_size=40),
+    capacity_images=st.floats(2.0, 60.0),
+    transient=st.integers(0, 3),
+    crashes=st.integers(0, 1),
+    prior_scale=st.floats(0.05, 3.0),
+)
+def test_no_future_is_ever_lost(
+    sizes: list[tuple[int, int]], capacity_images: float, transient: int, crashes: int, prior_scale: float
+) -> None:
+    engine = sim(capacity_images, transient_ooms=transient, crashes=crashes, prior_scale=prior_scale,
+                 bad_keys=["img-3"])
+    made: list[EngineLoop] = []
+    loop = start(made, engine, linger_s=0.005, initial_size=16)
+    futures: dict[int, Future[OcrOutput]] = {}
+    lock = threading.Lock()
+
+    def submitter(part: list[tuple[int, tuple[int, int]]]) -> None:
+        for i, size in part:
+            fut = loop.submit(req(i, size))
+            with lock:
+                futures[i] = fut
+
+    indexed = list(enumerate(sizes))
+    threads = [threading.Thread(target=submitter, args=(indexed[k::3],)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        results = {i: outcome(f, timeout=20) for i, f in futures.items()}
+    finally:
+        loop.stop(timeout=1)
+    assert len(results) == len(sizes)
+    reference = sim()  # roomy: every image alone, full size
+    for i, size in indexed:
+        result = results[i]
+        assert isinstance(result, OcrOutput | OcrqError)
+        if i == 3:
+            assert not isinstance(result, OcrOutput)
+        elif isinstance(result, OcrOutput) and "downscaled_for_memory" not in result.meta:
+            # an image's text never depends on the batch it ran in
+            alone = reference.infer([req(i, size)])[0]
+            assert isinstance(alone, OcrOutput) and result.text == alone.text

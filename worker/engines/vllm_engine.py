@@ -1,0 +1,465 @@
+"""HunyuanOCR on an in-process ``vllm.LLM`` (vLLM's Transformers backend + ocrq's vLLM plugin).
+
+One micro-batch = one chat request per image (each with its own task and prompt), handed to the
+engine together so vLLM's continuous batching interleaves them. We drive ``LLMEngine.step()``
+ourselves instead of ``LLM.chat`` for two reasons: a request that loops (dense pages can) is
+aborted as soon as the repetition rule fires instead of running to ``max_tokens``, and the KV
+usage / queue gauges are sampled while the batch runs, not only after it drained.
+
+Failure model: an image vLLM refuses to render or admit (processor error, prompt longer than
+``max_model_len``) fails alone; an exception out of ``step()`` means the engine is gone (CUDA OOM
+→ ``EngineOOM``, anything else, e.g. a dead engine core → ``EngineCrashed``). Either way the LLM is
+torn down and rebuilt by the next call, so the worker process survives.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ocrq.errors import BadRequest, EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice
+from ocrq.results import OcrOutput
+from ocrq.settings import EngineSettings
+from worker.batcher import is_oom
+from worker.costs import ModelProfile
+from worker.engines import hunyuan
+from worker.engines.base import ImageCost, MemorySample, OcrRequest
+from worker.engines.transformers_engine import weights_revision
+
+log = logging.getLogger(__name__)
+
+#: device memory left to the CUDA context, other processes' growth and fragmentation when
+#: ``gpu_memory_utilization`` is sized from what NVML reports free at start
+GPU_RESERVE_BYTES = 1 << 30
+#: how often the vLLM gauges are read while a batch runs (REGISTRY.collect walks every metric)
+METRICS_EVERY_S = 0.25
+#: new tokens between two checks of a request's tail for a loop
+REPETITION_CHECK_EVERY = 8
+
+
+# ------------------------------------------------------------------------------------------------
+# pure helpers (unit-tested without vLLM)
+# ------------------------------------------------------------------------------------------------
+
+
+def gpu_utilization(requested: float, total: int, free: int, reserve: int = GPU_RESERVE_BYTES) -> float:
+    """The ``gpu_memory_utilization`` vLLM can actually get: vLLM claims that fraction of the
+    *total* and refuses to start when less is free, so other processes on the GPU are taken out."""
+    if total <= 0:
+        raise ValueError("device total must be positive")
+    fits = (free - reserve) / total
+    if fits <= 0.05:
+        raise TooLargeForDevice(
+            f"only {free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB free on the GPU: no room for vLLM"
+        )
+    return round(min(requested, fits), 4)
+
+
+def cut_repetition(tokens: list[int], min_repeats: int) -> tuple[list[int], hunyuan.Repetition | None]:
+    """Tokens to keep when the tail loops: everything before the loop plus one copy of the unit
+    (the rule and the cut are the transformers engine's, so both engines agree)."""
+    rep = hunyuan.detect_repetition(tokens, min_repeats)
+    if rep is None:
+        return tokens, None
+    return tokens[: len(tokens) - rep.span + rep.unit], rep
+
+
+def build_output(
+    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
+    meta: dict[str, Any],
+) -> OcrOutput:
+    """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the
+    same meta keys the transformers engine writes. Shared by both vLLM engines."""
+    width, height = request.image.size
+    text = text.strip()
+    meta = {
+        "task": request.task,
+        "vision_tokens": hunyuan.vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
+        **meta,
+    }
+    lines = []
+    if request.task == "spotting":
+        lines = hunyuan.parse_spotting(text, width, height)
+        meta["raw"] = text
+        text = "\n".join(line.text for line in lines) if lines else text
+    elif request.task == "extract":
+        meta["fields"] = hunyuan.parse_json_output(text)
+    return OcrOutput(text=text, lines=lines, engine=engine, model=revision, width=width, height=height,
+                     meta=json.loads(json.dumps(meta, default=str)))
+
+
+def image_messages(request: OcrRequest, version: hunyuan.Version, image_part: dict[str, Any]) -> list[Any]:
+    """``hunyuan.build_messages`` with its image placeholder replaced by a concrete image part."""
+    messages = hunyuan.build_messages(request.task, request.params, version)
+    for message in messages:
+        if isinstance(message["content"], list):
+            message["content"] = [image_part if part.get("type") == "image" else part
+                                  for part in message["content"]]
+    return messages
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Gen:
+    """One request's progress through the step loop."""
+
+    index: int
+    #: logprobs asked for (the sampled token comes on top when it is not among them)
+    k: int = 0
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str | None = None
+    repetition: hunyuan.Repetition | None = None
+    #: tokens the engine produced (``tokens`` may have been cut back to one copy of a loop)
+    generated: int = 0
+    checked: int = 0
+
+
+@dataclass
+class _Gauges:
+    kv_usage: float | None = None
+    waiting: int | None = None
+    preemptions: int | None = None
+
+
+class VllmEngine:
+    """``Engine`` on an in-process ``vllm.LLM``; construct with the ``engine`` settings section.
+
+    ``settings.extra``: ``hunyuan_version`` ("1.5"), ``vllm`` (extra ``vllm.LLM`` keyword
+    arguments, e.g. ``{"kv_cache_memory_bytes": 268435456}`` on CPU), ``ignore_eos`` (tests).
+    """
+
+    name = "vllm"
+
+    def __init__(self, settings: EngineSettings) -> None:
+        if settings.model_dir is None:
+            raise ValueError("the vllm engine needs engine.model_dir")
+        self.settings = settings
+        self.model_dir = Path(settings.model_dir)
+        self.version = hunyuan.version_of(settings)
+        self.sampling = hunyuan.SAMPLING[self.version]
+        #: bytes vLLM may claim on the GPU (utilization × total); None on CPU
+        self.capacity_bytes: int | None = None
+        #: seconds the last (re)build took
+        self.start_seconds: float | None = None
+        self.builds = 0
+        self._llm: Any = None
+        self._on_cuda = False
+        self._revision: str | None = None
+        self._ids = itertools.count()
+        self._lock = threading.RLock()
+        self._now = _Gauges()
+        self._peak = _Gauges()
+        self._last_read = 0.0
+
+    # --- identity ----------------------------------------------------------------------------
+
+    @property
+    def revision(self) -> str:
+        if self._revision is None:
+            self._revision = weights_revision(self.model_dir, self.version)
+        return self._revision
+
+    @property
+    def memory_profile(self) -> ModelProfile:
+        config = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))
+        dtype_bytes = 2 if self._dtype() in ("bfloat16", "float16") else 4
+        # paged KV: a batch costs the sum of its sequences, not n × the longest
+        return ModelProfile.from_hf_config(config, dtype_bytes, padded=False)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._llm is None:
+                self._build()
+
+    def close(self) -> None:
+        with self._lock:
+            self._teardown()
+
+    def _dtype(self) -> str:
+        if self.settings.dtype != "auto":
+            return self.settings.dtype
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (without the GPU share, sized in ``_build``)."""
+        s = self.settings
+        args: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "dtype": self._dtype(),
+            "max_model_len": s.max_model_len,
+            "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "enforce_eager": s.enforce_eager,
+            "limit_mm_per_prompt": {"image": 1},
+            # HunYuanVLImageProcessor's own resize bounds (``size``; min/max_pixels is deprecated)
+            "mm_processor_kwargs": {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}},
+            # every page is new: prefix caching and the processor cache only cost memory here
+            "enable_prefix_caching": False,
+            "mm_processor_cache_gb": 0,
+            # keeps the Prometheus gauges (KV usage, waiting, preemptions) that ``memory`` reads
+            "disable_log_stats": False,
+            "seed": 0,
+        }
+        args.update(dict(s.extra.get("vllm", {})))
+        return args
+
+    def _build(self) -> None:
+        import torch
+        from vllm import LLM
+
+        args = self.engine_args()
+        self._on_cuda = torch.cuda.is_available()
+        if self._on_cuda and "gpu_memory_utilization" not in self.settings.extra.get("vllm", {}):
+            args["gpu_memory_utilization"] = self._gpu_share()
+        t0 = time.perf_counter()
+        self._llm = LLM(**args)
+        self.start_seconds = time.perf_counter() - t0
+        self.builds += 1
+        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s)", self.model_dir.name,
+                 self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"))
+
+    def _gpu_share(self) -> float:
+        from worker.nvml import NvmlProbe
+
+        probe = NvmlProbe.for_current_device()
+        device = probe.read()
+        if device is None:  # no NVML: trust the setting, vLLM checks free memory itself
+            return self.settings.gpu_memory_utilization
+        share = gpu_utilization(self.settings.gpu_memory_utilization, device.total, device.free)
+        self.capacity_bytes = int(share * device.total)
+        return share
+
+    def _teardown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        try:
+            if core is not None:
+                core.shutdown()
+        except Exception:  # a dead core may fail to shut down; we drop it either way
+            log.debug("engine core shutdown failed", exc_info=True)
+        del llm, core
+        try:  # in-process mode keeps vLLM's process groups; a rebuild needs them gone
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+        except Exception:
+            log.debug("vLLM cleanup failed", exc_info=True)
+        gc.collect()
+
+    # --- Engine protocol ---------------------------------------------------------------------
+
+    def cost(self, request: OcrRequest) -> ImageCost:
+        return hunyuan.cost(request, self.settings)
+
+    def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        with self._lock:
+            params = [self._sampling(r) for r in batch]
+            gens, errors, seconds = self._run(batch, params, watch=True)
+            tokenizer = self._llm.get_tokenizer()
+        outcomes: list[OcrOutput | OcrqError] = []
+        for i, request in enumerate(batch):
+            if i in errors:
+                outcomes.append(errors[i])
+                continue
+            gen = gens[i]
+            meta = {
+                "generated_tokens": gen.generated,
+                "stop_reason": "repetition" if gen.repetition else gen.finish,
+                "repetition": {"unit": gen.repetition.unit, "repeats": gen.repetition.repeats}
+                if gen.repetition else None,
+                "batch_size": len(batch),
+                "batch_s": round(seconds, 4),
+            }
+            text = str(tokenizer.decode(gen.tokens, skip_special_tokens=True))
+            outcomes.append(build_output(request, text, engine=self.name, revision=self.revision,
+                                         settings=self.settings, meta=meta))
+        return outcomes
+
+    def memory(self) -> MemorySample:
+        """vLLM's own gauges: peak KV-cache usage and waiting requests since ``reset_peak``,
+        cumulative preemptions. Device bytes stay None: vLLM preallocates its share at start."""
+        with self._lock:
+            if self._llm is not None:
+                self._read_gauges(force=True)
+            peak = self._peak
+            return MemorySample(
+                kv_usage=peak.kv_usage, waiting=peak.waiting, preemptions=self._now.preemptions
+            )
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self._peak = _Gauges(kv_usage=self._now.kv_usage, waiting=self._now.waiting)
+
+    # --- tests and benchmarks ----------------------------------------------------------------
+
+    def topk_logprobs(
+        self, requests: Sequence[OcrRequest], k: int, steps: int
+    ) -> list[list[list[tuple[int, float]]]]:
+        """Per image, per decode step: the top-``k`` (token id, logprob) of the raw model output
+        along the greedy path (task sampling, exactly ``steps`` tokens, no stop rules)."""
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                temperature=0.0, top_p=1.0, top_k=-1, max_tokens=steps, min_tokens=steps, ignore_eos=True,
+                logprobs=k, repetition_penalty=float(r.params.get("repetition_penalty",
+                                                                  self.sampling.repetition_penalty)),
+            )
+            for r in requests
+        ]
+        with self._lock:
+            gens, errors, _ = self._run(requests, params, watch=False)
+        if errors:
+            raise next(iter(errors.values()))
+        return [gens[i].logprobs for i in range(len(requests))]
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _sampling(self, request: OcrRequest) -> Any:
+        from vllm import SamplingParams
+
+        s = self.sampling
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            repetition_penalty=float(request.params.get("repetition_penalty", s.repetition_penalty)),
+            max_tokens=max(1, int(request.params.get("max_new_tokens", self.settings.max_new_tokens))),
+            ignore_eos=bool(self.settings.extra.get("ignore_eos", False)),
+        )
+
+    def _run(
+        self, batch: Sequence[OcrRequest], params: list[Any], *, watch: bool
+    ) -> tuple[dict[int, _Gen], dict[int, OcrqError], float]:
+        """Render and admit one request per image, step until all finish; per-image admission
+        errors come back in the second dict, an engine failure raises (and drops the engine)."""
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._llm is None:
+            self._build_or_raise()
+        llm = self._llm
+        engine = llm.llm_engine
+        gens: dict[str, _Gen] = {}
+        errors: dict[int, OcrqError] = {}
+        t0 = time.perf_counter()
+        try:
+            for i, (request, sp) in enumerate(zip(batch, params, strict=True)):
+                sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
+                rid = f"ocrq-{next(self._ids)}"
+                try:
+                    engine_input = self._render(llm, request)
+                    engine.add_request(rid, engine_input, sp)
+                except (ValueError, TypeError, KeyError, OSError) as exc:
+                    errors[i] = self._admission_error(request, exc)
+                    continue
+                gens[rid] = _Gen(index=i, k=sp.logprobs or 0)
+            self._step_until_done(engine, gens, watch)
+        except OcrqError:
+            raise
+        except Exception as exc:  # the engine (core) failed mid-batch: drop it, rebuild next call
+            oom = is_oom(exc)
+            log.error("vLLM engine failed (%s); it will be rebuilt", "OOM" if oom else type(exc).__name__,
+                      exc_info=not oom)
+            self._teardown()
+            message = f"{type(exc).__name__}: {str(exc)[:300]}"
+            raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
+        return {g.index: g for g in gens.values()}, errors, time.perf_counter() - t0
+
+    def _build_or_raise(self) -> None:
+        try:
+            self._build()
+        except OcrqError:
+            raise
+        except Exception as exc:
+            self._teardown()
+            oom = is_oom(exc)
+            message = f"vLLM rebuild failed: {type(exc).__name__}: {str(exc)[:300]}"
+            raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
+
+    def _render(self, llm: Any, request: OcrRequest) -> Any:
+        """The chat request as vLLM's renderer makes it for ``LLM.chat`` (same template path
+        as the OpenAI server), i.e. token ids plus processed multimodal inputs."""
+        image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
+        messages = image_messages(request, self.version, {"type": "image_pil", "image_pil": image})
+        (engine_input,) = llm._preprocess_chat([messages])  # vLLM 0.32: LLM.chat's own renderer
+        return engine_input
+
+    def _admission_error(self, request: OcrRequest, exc: BaseException) -> OcrqError:
+        text = str(exc)
+        if "maximum model length" in text or "longer than the maximum" in text or "max_model_len" in text:
+            return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len "
+                                     f"{self.settings.max_model_len}: {text[:200]}")
+        return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
+
+    def _step_until_done(self, engine: Any, gens: dict[str, _Gen], watch: bool) -> None:
+        min_repeats = self.settings.repetition_stop
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                gen = gens.get(out.request_id)
+                if gen is None or gen.finish is not None:
+                    continue
+                completion = out.outputs[0]
+                gen.tokens.extend(completion.token_ids)
+                gen.generated = len(gen.tokens)
+                for step in completion.logprobs or []:
+                    ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+                    gen.logprobs.append([(int(t), float(lp.logprob)) for t, lp in ranked][: gen.k])
+                if out.finished:
+                    gen.finish = completion.finish_reason or "stop"
+                elif watch and len(gen.tokens) - gen.checked >= REPETITION_CHECK_EVERY:
+                    gen.checked = len(gen.tokens)
+                    kept, rep = cut_repetition(gen.tokens, min_repeats)
+                    if rep is not None:
+                        engine.abort_request([out.request_id])
+                        gen.tokens, gen.repetition, gen.finish = kept, rep, "repetition"
+            self._read_gauges()
+        for gen in gens.values():  # a loop that ended on a length/EOS limit before a check
+            if watch and gen.repetition is None and gen.finish != "repetition":
+                gen.tokens, gen.repetition = cut_repetition(gen.tokens, min_repeats)
+
+    def _read_gauges(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_read < METRICS_EVERY_S:
+            return
+        self._last_read = now
+        try:
+            metrics = self._llm.get_metrics()
+        except Exception:  # stats disabled or the registry changed: the governor falls back
+            return
+        values: dict[str, float] = {}
+        for metric in metrics:
+            value = getattr(metric, "value", None)
+            if value is not None:
+                values[metric.name] = values.get(metric.name, 0.0) + float(value)
+        usage, waiting = values.get("vllm:kv_cache_usage_perc"), values.get("vllm:num_requests_waiting")
+        preempted = values.get("vllm:num_preemptions")
+        self._now = _Gauges(
+            kv_usage=usage, waiting=None if waiting is None else int(waiting),
+            preemptions=None if preempted is None else int(preempted),
+        )
+        peak = self._peak
+        peak.kv_usage = _max(peak.kv_usage, self._now.kv_usage)
+        peak.waiting = None if self._now.waiting is None else int(_max(peak.waiting, self._now.waiting) or 0)
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
