@@ -75,6 +75,8 @@ class ImageRecord(BaseModel):
     error: ErrorInfo | None = None
     #: pages produced by this ref (multi-frame TIFF/GIF give several); text joins them
     pages: int = 0
+    #: Celery node name of the worker that wrote this record
+    worker: str | None = None
     updated: float = 0.0
 
 

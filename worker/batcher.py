@@ -221,15 +221,18 @@ class EngineLoop:
                     return
                 try:
                     self._execute(batch, depth=0)
-                except Exception as exc:  # a bug here must not strand the batch's futures
+                except BaseException as exc:  # a bug here must not strand the batch's futures
                     self.log.exception("engine loop failed a batch of %d", len(batch))
                     for item in batch:
                         _settle(item.future, classify(exc))
+                    if not isinstance(exc, Exception):
+                        raise
                 finally:
                     with self._cond:
                         self._inflight = []
         finally:
             with self._cond:
+                self._stopping = True  # a dead loop takes no more work: submit fails fast
                 leftover, self._pending = self._pending, []
             for item in leftover:
                 _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))

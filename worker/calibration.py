@@ -3,7 +3,8 @@
 Refitted on a window of recent batches. Least squares when the window's batches differ enough
 in size to separate base from slope (a pseudo-point at zero tokens, the prior base, keeps the fit
 sane with few points); otherwise base stays at its prior and slope is the mean ratio. The safety
-margin is the worst in-window under-prediction plus a floor, so it shrinks as the fit gets good
+margin is a floor plus 1.5× the worst under-prediction seen (in the window's residuals, and in
+recent predictions made before their batch ran), so it shrinks to the floor as the fit gets good
 and grows at once when the engine surprises us.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 _LOW_GLITCH = 0.5
 #: ... until this many come in a row
 _LOW_GLITCH_RUN = 3
+#: the margin covers this multiple of the worst under-prediction seen
+_SAFETY = 1.5
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Calibrator:
         self._low_streak = 0
         self._points: deque[_Point] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=error_window)
+        self._surprises: deque[float] = deque(maxlen=16)
         self._margin = max(min_margin, prior_margin)
 
     def predict(self, tokens: float) -> float:
@@ -90,6 +94,9 @@ class Calibrator:
             self._low_streak = 0
         guess = expected if predicted is None else predicted
         self._errors.append(abs(guess - peak) / peak)
+        if self.observations >= self.warmup:
+            # what planning actually faced; in-sample residuals flatter a fit made from them
+            self._surprises.append((peak - guess) / guess)
         self._points.append(_Point(float(tokens), peak))
         self.observations += 1
         self._refit()
@@ -132,6 +139,8 @@ class Calibrator:
         real = [p for p in points if not p.censored]
         if len(real) < self.warmup:
             return max(self.min_margin, self.prior_margin)
-        worst = max((p.peak - self.predict(p.tokens)) / self.predict(p.tokens) for p in real)
-        # the worst of n samples understates the worst to come, the more so for small n
-        return min(self.max_margin, self.min_margin + max(0.0, worst) * (1.0 + 2.0 / len(real)))
+        fitted = max((p.peak - self.predict(p.tokens)) / self.predict(p.tokens) for p in real)
+        # the worst of n samples understates the worst to come, the more so for small n; and a
+        # fit refitted on noisy peaks wobbles by part of the noise again
+        worst = max(fitted * (1.0 + 2.0 / len(real)), max(self._surprises, default=0.0))
+        return min(self.max_margin, self.min_margin + _SAFETY * max(0.0, worst))

@@ -59,10 +59,10 @@ def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     return Prepared(item, sha, pages, keys.cache_key(sha, ctx.engine.revision, chunk.task, chunk.params))
 
 
-def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C901 - the lifecycle, in order
+def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:  # noqa: C901
     t0 = time.monotonic()
     tag = f"job={chunk.job} n={len(chunk.items)}"
-    ctx.index.record([_record(chunk, it, ImageStatus.running) for it in chunk.items])
+    ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
 
     # 1-2. fetch + validate: bytes, decode, hash — in the fetch pool, overlapping other chunks' inference
     futures = {it.id: ctx.fetch_pool.submit(_prepare, ctx, chunk, it) for it in chunk.items}
@@ -113,16 +113,17 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C90
             err = errors[item.id]
             if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
                 report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
-                records.append(_record(chunk, item, ImageStatus.retrying, err, prep))
+                records.append(_record(chunk, item, ImageStatus.retrying, err, prep, worker=worker))
                 continue
             report.failed += 1
-            rec = _record(chunk, item, ImageStatus.failed, err, prep)
+            rec = _record(chunk, item, ImageStatus.failed, err, prep, worker=worker)
             docs.append(ImageResult(record=rec))
         else:
             assert prep is not None
             outs = hits[prep.cache_key] if prep.cache_key in hits else outputs[item.id]
             cached = prep.cache_key in hits or item.id in shared
-            rec = _record(chunk, item, ImageStatus.done, None, prep, cached=cached, pages=len(outs))
+            rec = _record(chunk, item, ImageStatus.done, None, prep, cached=cached, pages=len(outs),
+                          worker=worker)
             report.done += 1
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
@@ -144,10 +145,11 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk) -> ChunkReport:  # noqa: C90
 
 
 def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
-            prep: Prepared | None = None, cached: bool = False, pages: int = 0) -> ImageRecord:
+            prep: Prepared | None = None, cached: bool = False, pages: int = 0,
+            worker: str | None = None) -> ImageRecord:
     return ImageRecord(
         id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
-        cached=cached, pages=pages,
+        cached=cached, pages=pages, worker=worker,
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None,
     )
@@ -161,7 +163,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         chunk = Chunk.model_validate(message)
         ctx = get_ctx()
         try:
-            report = process_chunk(ctx, chunk)
+            report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except SoftTimeLimitExceeded:
             err = EngineTimeout(f"chunk exceeded {ctx.settings.queue.time_limit}s")
             report = _retry_all(ctx, chunk, err)

@@ -52,8 +52,8 @@ def wait_ready(redis_url: str, proc: subprocess.Popen[bytes], log: Path, timeout
 
 
 @pytest.fixture()
-def start_worker(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
-    """Factory: start_worker(env=dict, name=...) → a running, ready worker process."""
+def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Factory: start_worker(env=dict, name=...) → a running, ready worker process (on a flushed Redis)."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(env: dict[str, str], name: str = "w1") -> subprocess.Popen[bytes]:
@@ -81,4 +81,5 @@ def start_worker(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
 
 
 def settings_for(redis_url: str, store: Path, **overrides: Any) -> Settings:
-    return Settings(redis={"url": redis_url}, store={"kind": "local", "path": store}, **overrides)
+    redis_settings = {"url": redis_url, **overrides.pop("redis", {})}
+    return Settings(redis=redis_settings, store={"kind": "local", "path": store}, **overrides)

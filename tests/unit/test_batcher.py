@@ -21,11 +21,13 @@ from ocrq.errors import (
     TooLargeForDevice,
 )
 from ocrq.results import OcrOutput
+from ocrq.settings import BatchSettings, EngineSettings
 from tests.fakes.fake_nvml import FakeNvml
 from worker.batcher import EngineLoop, downscale_for_memory, is_oom
 from worker.engines.base import ImageCost, OcrRequest
 from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
 from worker.governor import Governor
+from worker.nvml import NvmlProbe
 
 WEIGHTS = 1_000_000
 PER_TOKEN = 1_000
@@ -180,10 +182,11 @@ def test_linger_collects_stragglers_but_a_full_batch_goes_at_once(loops: list[En
     second = loop.submit(req(2))
     outcome(first), outcome(second)
     assert engine.batches == [["img-1", "img-2"]]
-    began = time.monotonic()
+    patient = sim()
+    loop = start(loops, patient, linger_s=60, initial_size=4, max_size=4)
     full = loop.submit_many([req(i) for i in range(10, 14)])  # count limit 4: full, no linger
-    [outcome(f) for f in full]
-    assert time.monotonic() - began < 0.4
+    assert all(isinstance(outcome(f, timeout=10), OcrOutput) for f in full)
+    assert patient.batches == [[f"img-{i}" for i in range(10, 14)]]
 
 
 def test_big_and_small_images_are_packed_by_cost(loops: list[EngineLoop]) -> None:
@@ -329,6 +332,20 @@ def test_other_processes_on_the_device_shrink_batches(loops: list[EngineLoop]) -
     [outcome(f) for f in loop.submit_many([req(i) for i in range(40)])]
     assert probe.reads >= 1
     assert len(engine.batches[0]) <= 10
+
+
+def test_the_worker_wiring_runs_the_simulated_engine(loops: list[EngineLoop]) -> None:
+    # what worker.context builds: settings → engine → governor from the engine and the probe
+    extra = {"capacity_bytes": 8e9, "transient_ooms": 1}
+    engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=64, extra=extra))
+    governor = Governor.from_settings(BatchSettings(mode="auto"), engine, NvmlProbe.for_current_device({}))
+    assert governor.capacity == 8 * 10**9 and engine.output_tokens == 64
+    loop = EngineLoop(engine, governor, None, linger_s=0.05, oom_retries=3, oom_backoff_s=0)
+    loops.append(loop)
+    loop.start()
+    results = [outcome(f) for f in loop.submit_many([req(i, (1024, 768)) for i in range(6)])]
+    assert all(isinstance(r, OcrOutput) for r in results)
+    assert loop.desired_backlog() >= 2
 
 
 # ---- stop and no lost futures -------------------------------------------------------------------

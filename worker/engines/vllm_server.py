@@ -228,7 +228,8 @@ class VllmServerEngine:
         server close together and it can run their vision encoder as one batch."""
         if self._pool is None or self._client is None:
             raise EngineCrashed("vllm-server engine not started")
-        return list(self._pool.map(lambda rb: self._attempts(rb[0], rb[1], watch), zip(batch, bodies)))
+        pairs = zip(batch, bodies, strict=True)
+        return list(self._pool.map(lambda pair: self._attempts(pair[0], pair[1], watch), pairs))
 
     def _body(self, request: OcrRequest) -> dict[str, Any]:
         s = self.sampling

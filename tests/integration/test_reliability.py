@@ -1,0 +1,98 @@
+"""Nothing is lost: engine crashes are retried per image through Celery, a worker killed
+mid-chunk gives its message back, and two workers on one queue share it (no hoarding).
+Real Redis, real `ocrq worker` processes; the engine is the simulated one (named so), whose
+failures are injected through settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import redis
+
+from producer.client import Client
+from tests.fixtures.images import word_images
+from tests.integration.conftest import settings_for, worker_env
+
+pytestmark = pytest.mark.integration
+
+
+def sim_env(redis_url, tmp_path, **extra):
+    extra_settings = extra.pop("sim", {})
+    return worker_env(
+        redis_url, tmp_path / "store", [tmp_path],
+        OCRQ_ENGINE__KIND="simulated", OCRQ_ENGINE__EXTRA=json.dumps(extra_settings),
+        OCRQ_BATCH__MODE="auto", OCRQ_QUEUE__CHUNK_SIZE="4", **extra,
+    )
+
+
+def test_engine_crash_is_retried_per_image_and_visible_as_retry(redis_url, start_worker, tmp_path):
+    # Given an engine whose first batch crashes (not a memory error)
+    word_images(tmp_path / "in", 8)
+    start_worker(sim_env(redis_url, tmp_path, sim={"crashes": 1}))
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 queue={"chunk_size": 4}))
+    # When 8 images are submitted
+    job = client.submit([str(tmp_path / "in")], job="crash")
+    counts = job.wait(timeout=120)
+    # Then all are done; the crashed batch's images took a second attempt
+    assert counts["done"] == 8 and counts["failed"] == 0, counts
+    attempts = [r.attempts for r in job.records()]
+    assert set(attempts) <= {1, 2} and 2 in attempts, attempts
+    # and the retry went through Celery (a RETRY of the chunk task, which Flower shows)
+    assert "retry: Retry in" in (tmp_path / "worker-w1.log").read_text()
+    backend = redis.Redis.from_url(redis_url)
+    metas = [json.loads(backend.get(k)) for k in backend.scan_iter("celery-task-meta-*")]
+    assert metas and all(m["status"] == "SUCCESS" for m in metas)
+    assert sum(m["result"]["done"] for m in metas) == 8
+
+
+def test_transient_oom_is_absorbed_in_process(redis_url, start_worker, tmp_path):
+    word_images(tmp_path / "in", 8)
+    start_worker(sim_env(redis_url, tmp_path, sim={"transient_ooms": 3}))
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(tmp_path / "in")], job="oom")
+    counts = job.wait(timeout=120)
+    assert counts["done"] == 8 and counts["failed"] == 0, counts
+
+
+def test_killed_worker_gives_its_chunk_back(redis_url, start_worker, tmp_path):
+    # Given a slow engine and a short visibility timeout
+    word_images(tmp_path / "in", 4)
+    env = sim_env(redis_url, tmp_path, sim={"image_latency_s": 30}, OCRQ_REDIS__VISIBILITY_TIMEOUT="4")
+    first = start_worker(env, name="doomed")
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 redis={"visibility_timeout": 4}))
+    job = client.submit([str(tmp_path / "in")], job="killed")
+    deadline = time.time() + 30
+    while job.status()["running"] == 0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert job.status()["running"] > 0
+    # When the worker dies mid-chunk (no chance to ack or clean up)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    # Then a fresh worker gets the same message again and finishes every image
+    start_worker(sim_env(redis_url, tmp_path, OCRQ_REDIS__VISIBILITY_TIMEOUT="4"), name="rescuer")
+    counts = job.wait(timeout=120)
+    assert counts["done"] == 4 and counts["failed"] == 0, counts
+    assert {r.worker for r in job.records()} == {f"rescuer@{os.uname().nodename}"}
+
+
+def test_two_workers_share_one_queue(redis_url, start_worker, tmp_path):
+    word_images(tmp_path / "in", 24)
+    env = sim_env(redis_url, tmp_path, sim={"image_latency_s": 0.3})
+    start_worker(env, name="a")
+    start_worker(env, name="b")
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 queue={"chunk_size": 4}))
+    job = client.submit([str(tmp_path / "in")], job="shared")
+    counts = job.wait(timeout=180)
+    assert counts["done"] == 24
+    by_worker: dict[str, int] = {}
+    for rec in job.records():
+        by_worker[rec.worker.split("@")[0]] = by_worker.get(rec.worker.split("@")[0], 0) + 1
+    assert set(by_worker) == {"a", "b"}, by_worker
+    assert min(by_worker.values()) >= 4, by_worker

