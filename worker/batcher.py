@@ -8,9 +8,11 @@ measured peak / KV pressure go back to the governor.
 OOM (``EngineOOM`` or a raw CUDA/HIP OOM, recognised without importing torch): the governor
 shrinks, the batch is bisected and the halves run here, up to ``oom_retries`` levels, and images
 still failing are handed back as retryable ``EngineOOM``. A lone image that runs out of memory is
-retried once downscaled (half its vision tokens, aspect kept), then fails as
-``TooLargeForDevice``. Any other engine error fails the batch's images with ``classify(exc)``
-(retryable ``EngineCrashed``) so Celery retries them. Every future completes, also on ``stop``.
+retried once more at full size when the model says it fits (a transient OOM), then once
+downscaled (half its vision tokens, aspect kept); if that fails too it is ``TooLargeForDevice``,
+or a retryable ``EngineOOM`` when the model still says the downscaled image fits. Any other
+engine error fails the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so
+Celery retries them. Every future completes, also on ``stop``.
 """
 
 from __future__ import annotations
@@ -18,79 +20,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-
-from PIL import Image
 
 from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice, classify
 from ocrq.results import OcrOutput
 from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
 from worker.governor import Governor
 from worker.nvml import MemoryProbe, NullProbe
+from worker.oom import downscale_for_memory, is_oom, restore_scale
 
-_OOM_MESSAGES = ("cuda out of memory", "cuda error: out of memory", "cublas_status_alloc_failed",
-                 "hip out of memory")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Device out-of-memory, from ocrq's type or torch's (by class name and message, so torch
-    need not be imported), also when wrapped with ``raise … from oom``."""
-    current: BaseException | None = exc
-    for _ in range(8):  # bounded: a cause chain can be cyclic
-        if current is None:
-            return False
-        if isinstance(current, EngineOOM) or type(current).__name__ == "OutOfMemoryError":
-            return True
-        message = str(current).lower()
-        if any(marker in message for marker in _OOM_MESSAGES):
-            return True
-        current = current.__cause__
-    return False
-
-
-def downscale_for_memory(
-    request: OcrRequest, cost: Callable[[OcrRequest], ImageCost]
-) -> OcrRequest | None:
-    """The request with its image shrunk (aspect kept) until it costs at most half the vision
-    tokens; None when shrinking lowers nothing (the model upsamples to its minimum anyway).
-
-    Tokens, not raw pixels: an image above the model's pixel cap is resized down by the model
-    anyway, so halving its raw pixels alone would change nothing. Candidate sizes are priced on
-    a 1-bit stand-in image; only the chosen size is resampled."""
-    width, height = request.image.size
-    before = cost(request).vision_tokens
-    best: tuple[int, int] | None = None
-    for step in range(1, 13):
-        scale = 0.5 ** (step / 2)
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
-        tokens = cost(replace(request, image=Image.new("1", size))).vision_tokens
-        if tokens < before and best is None:
-            best = size
-        if tokens <= before / 2:
-            best = size
-            break
-        if size == (1, 1):
-            break
-    if best is None:
-        return None
-    return replace(request, image=request.image.resize(best, Image.Resampling.BICUBIC))
-
-
-def _restore_scale(output: OcrOutput, original: tuple[int, int], small: tuple[int, int]) -> OcrOutput:
-    """Boxes back in the original image's pixels; the downscale recorded in meta."""
-    fx, fy = original[0] / small[0], original[1] / small[1]
-    lines = [
-        ln.model_copy(update={"box": [[p[0] * fx, p[1] * fy] for p in ln.box]}) if ln.box else ln
-        for ln in output.lines
-    ]
-    meta = {**output.meta, "downscaled_for_memory": {"from": list(original), "to": list(small)}}
-    return output.model_copy(
-        update={"lines": lines, "width": original[0], "height": original[1], "meta": meta}
-    )
-
+__all__ = ["EngineLoop", "downscale_for_memory", "is_oom"]
 
 @dataclass(eq=False)
 class _Item:
@@ -339,18 +281,19 @@ class EngineLoop:
         sample = self._memory()
         if sample.peak:
             self.governor.observe(costs, sample.peak)
-        if grow:  # a bisected half succeeding is no reason to grow
-            self.governor.on_success()
+        # pressure first: a busy KV cache must hold back the growth a success would bring
         if sample.kv_usage is not None or sample.waiting is not None or sample.preemptions is not None:
             self._paged = self._paged or sample.kv_usage is not None
             self.governor.on_pressure(sample.kv_usage, sample.waiting, sample.preemptions)
+        if grow:  # a bisected half succeeding is no reason to grow
+            self.governor.on_success()
 
     def _after_oom(self, items: list[_Item], depth: int, exc: BaseException) -> None:
         self._stats["oom_events"] += 1
         self.governor.on_oom([it.cost for it in items])
         self.log.warning("OOM on a batch of %d (level %d): %s", len(items), depth, exc)
         if len(items) == 1:
-            self._retry_downscaled(items[0])
+            self._retry_alone(items[0])
             return
         if depth >= self.oom_retries:
             error = EngineOOM(f"out of device memory in a batch of {len(items)} after {depth} bisections")
@@ -362,6 +305,27 @@ class EngineLoop:
         mid = len(items) // 2
         self._execute(items[:mid], depth + 1)
         self._execute(items[mid:], depth + 1)
+
+    def _retry_alone(self, item: _Item) -> None:
+        """A lone image ran out of memory. If the model says it fits, the OOM was likely
+        transient (a neighbour's spike, allocator fragmentation): one more try at full size.
+        Then, or otherwise, one try downscaled."""
+        if self.governor.fits([item.cost]):
+            if self.oom_backoff_s > 0:
+                time.sleep(min(1.0, self.oom_backoff_s * 2**self.oom_retries))
+            try:
+                outcome = self._infer([item.request])[0]
+            except Exception as exc:
+                if not is_oom(exc):
+                    _settle(item.future, classify(exc))
+                    return
+                self._stats["oom_events"] += 1
+                self.governor.on_oom([item.cost])
+            else:
+                self._learn([item.cost], grow=False)
+                _settle(item.future, outcome)
+                return
+        self._retry_downscaled(item)
 
     def _retry_downscaled(self, item: _Item) -> None:
         original = item.request.image.size
@@ -382,15 +346,20 @@ class EngineLoop:
         try:
             outcome = self._infer([smaller])[0]
         except Exception as exc:
-            if is_oom(exc):
-                self.governor.on_oom([cost])
+            if not is_oom(exc):
+                _settle(item.future, classify(exc))
+                return
+            self._stats["oom_events"] += 1
+            self.governor.on_oom([cost])
+            if self.governor.fits([cost]):
+                # the model says the downscaled image fits: the device is short right now
+                _settle(item.future, EngineOOM(f"{item.request.key}: out of device memory; retry later"))
+            else:
                 self._stats["too_large"] += 1
                 _settle(item.future, TooLargeForDevice(f"{too_large} (not at {small[0]}x{small[1]} either)"))
-            else:
-                _settle(item.future, classify(exc))
             return
         self._learn([cost], grow=False)
         self._stats["downscaled"] += 1
         self.log.info("%s ran downscaled %s -> %s to fit memory", item.request.key, original, small)
-        _settle(item.future, _restore_scale(outcome, original, small) if isinstance(outcome, OcrOutput)
+        _settle(item.future, restore_scale(outcome, original, small) if isinstance(outcome, OcrOutput)
                 else outcome)

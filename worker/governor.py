@@ -188,6 +188,12 @@ class Governor:
         allowed = (budget - self.profile.overhead_bytes) / (1.0 + self.calibrator.margin()) / self._boost
         return self.calibrator.tokens_within(allowed)
 
+    def fits(self, costs: Sequence[ImageCost], *, free_bytes: int | None = None) -> bool:
+        """Whether the model expects this batch within budget (True without a budget)."""
+        with self._lock:
+            room = self._token_room(free_bytes)
+            return room is None or batch_tokens(costs, self.profile.padded) <= room
+
     def count_limit(self) -> int:
         """Most images the next batch may hold (hard cap and the AIMD limit)."""
         with self._lock:
@@ -302,11 +308,13 @@ class Governor:
             self._slow_start = False
             tokens = batch_tokens(costs, self.profile.padded)
             if self.capacity is not None and tokens > 0:
-                # censored observation: the true peak was at least what the device could give;
-                # news only when the model thought it fitted
+                # censored observation: the true peak exceeded what the device could give, news
+                # only when the model thought it fitted. Raised by at most a quarter: a transient
+                # OOM (a neighbour's spike) must not teach that one small image fills the device
                 floor = float(self.capacity - self.profile.overhead_bytes)
-                if self.calibrator.predict(tokens) < floor:
-                    self.calibrator.add_lower_bound(tokens, floor)
+                expected = self.calibrator.predict(tokens)
+                if expected < floor:
+                    self.calibrator.add_lower_bound(tokens, min(floor, expected * 1.25))
             if len(costs) > 1:
                 self._limit = max(1, min(self._limit, len(costs) // 2))
                 self._boost = min(_MAX_BOOST, self._boost * _OOM_BOOST)

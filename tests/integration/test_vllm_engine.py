@@ -26,6 +26,7 @@ from tests.integration.vllm_support import (
     make_images,
     requests_for,
     require_vllm,
+    tiny_checkpoint,
     transformers_reference,
     vllm_env,
 )
@@ -46,14 +47,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def checkpoint(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.checkpoint import make_random_checkpoint
-
-    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+    return tiny_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path, env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
-    return transformers_reference(checkpoint, 0, tmp_path_factory.mktemp("ref") / "hf.json", env)
+    return transformers_reference(checkpoint, 0, tmp_path_factory.getbasetemp() / "vllm-hf-ref.json", env)
 
 
 @pytest.fixture(scope="module")

@@ -115,8 +115,22 @@ def compare(a: Topk, b: Topk, tol: float = TOL) -> tuple[float, int]:
     return worst, missing
 
 
+def tiny_checkpoint(factory: pytest.TempPathFactory) -> Path:
+    """The tiny random checkpoint, built once per session (both vLLM modules share it)."""
+    from worker.checkpoint import make_random_checkpoint
+
+    out = factory.getbasetemp() / "vllm-tiny-ckpt"
+    if not (out / "tokenizer_config.json").exists():
+        make_random_checkpoint(out, "tiny", seed=0)
+    return out
+
+
 def transformers_reference(model_dir: Path, images_seed: int, out: Path, env: dict[str, str]) -> list[Topk]:
-    """Top-k logprobs of the transformers engine, each image alone, computed in a subprocess."""
+    """Top-k logprobs of the transformers engine, each image alone, computed in a subprocess
+    (once per session: ``out`` is reused when present)."""
+    if out.exists():
+        data = json.loads(out.read_text())
+        return [[[(int(t), float(lp)) for t, lp in step] for step in image] for image in data]
     cmd = [sys.executable, "-m", "tests.integration.vllm_support", str(model_dir), str(images_seed), str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=240)

@@ -259,6 +259,25 @@ def test_a_lone_image_that_fits_at_half_size_runs_downscaled(loops: list[EngineL
     assert loop.state()["downscaled"] == 1
 
 
+def test_a_lone_image_survives_a_transient_oom_at_full_size(loops: list[EngineLoop]) -> None:
+    engine = sim(transient_ooms=1)
+    loop = start(loops, engine)
+    result = outcome(loop.submit(req(1, (1024, 768))))
+    assert isinstance(result, OcrOutput) and "downscaled_for_memory" not in result.meta
+    assert engine.batches == [["img-1"], ["img-1"]]
+
+
+def test_a_lone_image_that_should_fit_but_keeps_failing_is_retried_later(loops: list[EngineLoop]) -> None:
+    # full size, full size again, downscaled: all OOM, yet the model says it fits: the device is
+    # short right now, so Celery should retry it later rather than fail it for good
+    engine = sim(transient_ooms=3)
+    loop = start(loops, engine)
+    result = outcome(loop.submit(req(1, (1024, 768))))
+    assert isinstance(result, EngineOOM) and result.retryable
+    assert len(engine.batches) == 3
+    assert isinstance(outcome(loop.submit(req(2))), OcrOutput)
+
+
 def test_downscale_targets_tokens_not_raw_pixels() -> None:
     engine = sim()
     big = OcrRequest("k", Image.new("RGB", (4000, 3000)))  # above the 1024² cap: the model shrinks it

@@ -350,6 +350,7 @@ class VllmEngine:
     ) -> tuple[dict[int, _Gen], dict[int, OcrqError], float]:
         """Render and admit one request per image, step until all finish; per-image admission
         errors come back in the second dict, an engine failure raises (and drops the engine)."""
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         if self._llm is None:
@@ -366,8 +367,8 @@ class VllmEngine:
                 try:
                     engine_input = self._render(llm, request)
                     engine.add_request(rid, engine_input, sp)
-                except (ValueError, TypeError, KeyError, OSError) as exc:
-                    errors[i] = self._admission_error(request, exc)
+                except (VLLMClientError, ValueError, TypeError, KeyError, OSError) as exc:
+                    errors[i] = self._admission_error(request, exc)  # this image only
                     continue
                 gens[rid] = _Gen(index=i, k=sp.logprobs or 0)
             self._step_until_done(engine, gens, watch)
@@ -403,7 +404,7 @@ class VllmEngine:
 
     def _admission_error(self, request: OcrRequest, exc: BaseException) -> OcrqError:
         text = str(exc)
-        if "maximum model length" in text or "longer than the maximum" in text or "max_model_len" in text:
+        if "maximum context length" in text or "max_model_len" in text or "maximum model length" in text:
             return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len "
                                      f"{self.settings.max_model_len}: {text[:200]}")
         return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")

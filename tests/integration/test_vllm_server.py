@@ -1,0 +1,251 @@
+"""The vLLM server engine: a real ``vllm.entrypoints.openai.api_server`` on loopback with the tiny
+random checkpoint (one server for the module), plus the client's error mapping against a fake
+transport (4xx, 5xx, dead endpoints, timeouts, re-probing) where a real server cannot be made
+to misbehave on cue.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ocrq.errors import BadRequest, EngineTimeout, StorageUnavailable
+from ocrq.results import OcrOutput
+from tests.conftest import free_port
+from tests.integration.vllm_support import (
+    STEPS,
+    TOL,
+    K,
+    compare,
+    engine_settings,
+    make_images,
+    requests_for,
+    require_vllm,
+    tiny_checkpoint,
+    transformers_reference,
+    vllm_env,
+)
+from worker.engines.base import OcrRequest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    require_vllm()
+    return vllm_env(tmp_path_factory.mktemp("vllm-server-env"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path, env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    return transformers_reference(checkpoint, 0, tmp_path_factory.getbasetemp() / "vllm-hf-ref.json", env)
+
+
+@pytest.fixture(scope="module")
+def server(
+    checkpoint: Path, env: dict[str, str], reference: list[Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A real server; yields its /v1 URL. Its log is printed if it fails to start."""
+    import time
+
+    from worker.engines.vllm_launcher import launch_server, stop_server
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    t0 = time.perf_counter()
+    with log_path.open("wb") as log_file:
+        try:
+            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=env,
+                                 log_file=log_file, ready_timeout=240)
+        except (RuntimeError, TimeoutError):
+            pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")
+        print(f"\nvLLM server ready after {time.perf_counter() - t0:.1f}s")
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            stop_server(proc)
+    assert proc.poll() is not None
+    group = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert not group, f"server process group left behind: {group}"
+
+
+@pytest.fixture(scope="module")
+def engine(server: str, checkpoint: Path) -> Iterator[Any]:
+    from worker.engines.vllm_server import VllmServerEngine
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    eng = VllmServerEngine(engine_settings(checkpoint, "vllm-server", endpoints=[dead, server]))
+    eng.start()
+    yield eng
+    eng.close()
+
+
+def test_infer_through_the_server_skips_the_dead_endpoint(engine: Any, server: str) -> None:
+    batch = requests_for(make_images(0))
+    outs = engine.infer(batch)
+    assert len(outs) == len(batch)
+    for req, out in zip(batch, outs, strict=True):
+        assert isinstance(out, OcrOutput), out
+        assert out.engine == "vllm-server" and out.model == engine.revision
+        assert (out.width, out.height) == req.image.size
+        assert out.meta["endpoint"] == server  # the dead one is marked down at start and skipped
+        assert out.meta["stop_reason"] == "repetition" and out.meta["generated_tokens"] < 64
+
+
+def test_server_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
+    reqs = requests_for(make_images(0))
+    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+    batched = engine.topk_logprobs(reqs, K, STEPS)
+    for i, (a, b, h) in enumerate(zip(alone, batched, reference, strict=True)):
+        d_batch, miss_batch = compare(a, b)
+        d_hf, miss_hf = compare(a, h)
+        print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
+        assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
+        assert miss_hf == 0 and d_hf <= TOL, (i, d_hf, miss_hf)
+
+
+def test_a_request_the_server_rejects_is_a_bad_request(engine: Any) -> None:
+    images = make_images(0)[:2]
+    outs = engine.infer([OcrRequest(key="long", image=images[0], params={"prompt": "x" * 3000}),
+                         OcrRequest(key="ok", image=images[1])])
+    assert isinstance(outs[0], BadRequest) and "400" in str(outs[0]) and not outs[0].retryable
+    assert isinstance(outs[1], OcrOutput)
+
+
+def test_memory_reads_the_server_metrics(engine: Any) -> None:
+    sample = engine.memory()
+    assert sample.kv_usage is not None and 0.0 <= sample.kv_usage <= 1.0
+    assert sample.waiting == 0 and sample.preemptions == 0
+
+
+def test_only_dead_endpoints_fail_at_start(checkpoint: Path) -> None:
+    from worker.engines.vllm_server import VllmServerEngine
+
+    eng = VllmServerEngine(engine_settings(checkpoint, "vllm-server",
+                                           endpoints=[f"http://127.0.0.1:{free_port()}/v1"]))
+    with pytest.raises(StorageUnavailable):
+        eng.start()
+    eng.close()
+
+
+# --- client error mapping against a fake server ---------------------------------------------------
+
+
+def _sse(tokens: list[int], text: str = "ok") -> bytes:
+    chunks = [{"choices": [{"delta": {"content": text if i == 0 else ""}, "finish_reason": None,
+                            "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.1,
+                                                      "top_logprobs": []}]}}]}
+              for i, t in enumerate(tokens)]
+    chunks.append({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    chunks.append({"choices": [], "usage": {"completion_tokens": len(tokens)}})
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def _fake_engine(
+    handler: Handler, endpoints: list[str], monkeypatch: pytest.MonkeyPatch, **extra: Any
+) -> Any:
+    from worker.engines import vllm_server
+
+    monkeypatch.setattr(vllm_server, "BACKOFF_S", 0.01)
+    settings = engine_settings(Path("/nonexistent"), "vllm-server", endpoints=endpoints, served_model="m",
+                               request_timeout=2.0, extra={"retries": 3, **extra})
+    eng = vllm_server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
+    eng.start()
+    return eng
+
+
+def _health_ok(request: httpx.Request) -> httpx.Response | None:
+    if request.url.path in ("/health", "/v1/models"):
+        return httpx.Response(200, json={"data": [{"id": "m"}]})
+    if request.url.path == "/metrics":
+        return httpx.Response(200, text="vllm:num_requests_waiting{engine=\"0\"} 3.0\n")
+    return None
+
+
+def test_5xx_is_retried_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if (health := _health_ok(request)) is not None:
+            return health
+        calls.append(request.url.host)
+        if len(calls) < 3:
+            return httpx.Response(503, text="busy")
+        return httpx.Response(200, content=_sse([5, 6, 7]), headers={"content-type": "text/event-stream"})
+
+    monkeypatch.setattr("worker.engines.vllm_server.PROBE_EVERY_S", 0.0)
+    eng = _fake_engine(handler, ["http://a/v1"], monkeypatch)
+    (out,) = eng.infer(requests_for(make_images(0)[:1]))
+    assert isinstance(out, OcrOutput) and out.text == "ok" and out.meta["generated_tokens"] == 3
+    assert len(calls) == 3
+    assert eng.memory().waiting == 3
+    eng.close()
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [("refused", StorageUnavailable), ("503", StorageUnavailable), ("timeout", EngineTimeout),
+     ("422", BadRequest)],
+)
+def test_failures_map_onto_the_error_tree(
+    failure: str, expected: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if (health := _health_ok(request)) is not None:
+            return health
+        attempts.append(1)
+        if failure == "refused":
+            raise httpx.ConnectError("connection refused", request=request)
+        if failure == "timeout":
+            raise httpx.ReadTimeout("no answer", request=request)
+        return httpx.Response(int(failure), json={"error": {"message": "rejected"}})
+
+    monkeypatch.setattr("worker.engines.vllm_server.PROBE_EVERY_S", 0.0)
+    eng = _fake_engine(handler, ["http://a/v1"], monkeypatch)
+    (out,) = eng.infer(requests_for(make_images(0)[:1]))
+    assert isinstance(out, expected), out
+    assert len(attempts) == {"refused": 3, "503": 3, "timeout": 1, "422": 1}[failure]
+    eng.close()
+
+
+def test_a_down_endpoint_is_skipped_then_reprobed(monkeypatch: pytest.MonkeyPatch) -> None:
+    down = {"a"}
+    served: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            raise httpx.ConnectError("refused", request=request)
+        if (health := _health_ok(request)) is not None:
+            return health
+        served.append(request.url.host)
+        return httpx.Response(200, content=_sse([1]), headers={"content-type": "text/event-stream"})
+
+    from worker.engines import vllm_server
+
+    monkeypatch.setattr(vllm_server, "PROBE_EVERY_S", 3600.0)
+    eng = _fake_engine(handler, ["http://a/v1", "http://b/v1"], monkeypatch)
+    eng.infer(requests_for(make_images(0)[:4]))
+    assert set(served) == {"b"}
+    down.clear()  # a comes back; once its probe time has come it takes work again
+    for ep in eng._endpoints:
+        ep.probe_at = 0.0
+    served.clear()
+    eng.infer(requests_for(make_images(0)[:4]))
+    assert set(served) == {"a", "b"}
+    eng.close()
