@@ -147,9 +147,10 @@ def _show(handle: Any) -> None:
 
 def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None) -> None:
     table = Table(title=f"job {job}")
-    for col in ("total", "done", "cached", "failed", "queued", "running", "retrying"):
+    cols = ("total", "done", "cached", "failed", "queued", "running", "retrying")
+    for col in cols:
         table.add_column(col, justify="right")
-    table.add_row(*(str(counts.get(c, 0)) for c in ("total", "done", "cached", "failed", "queued", "running", "retrying")))
+    table.add_row(*(str(counts.get(c, 0)) for c in cols))
     console.print(table)
     if elapsed:
         finished = counts["done"] + counts["failed"]

@@ -9,13 +9,13 @@ Two shapes:
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 
-class ImageStatus(str, Enum):
+class ImageStatus(StrEnum):
     #: submitted, waiting in the broker
     queued = "queued"
     #: a worker is on it

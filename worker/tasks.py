@@ -108,21 +108,21 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     records: list[ImageRecord] = []
     docs: list[ImageResult] = []
     for item in chunk.items:
-        prep = prepared.get(item.id)
+        got = prepared.get(item.id)
         if item.id in errors:
             err = errors[item.id]
             if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
                 report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
-                records.append(_record(chunk, item, ImageStatus.retrying, err, prep, worker=worker))
+                records.append(_record(chunk, item, ImageStatus.retrying, err, got, worker=worker))
                 continue
             report.failed += 1
-            rec = _record(chunk, item, ImageStatus.failed, err, prep, worker=worker)
+            rec = _record(chunk, item, ImageStatus.failed, err, got, worker=worker)
             docs.append(ImageResult(record=rec))
         else:
-            assert prep is not None
-            outs = hits[prep.cache_key] if prep.cache_key in hits else outputs[item.id]
-            cached = prep.cache_key in hits or item.id in shared
-            rec = _record(chunk, item, ImageStatus.done, None, prep, cached=cached, pages=len(outs),
+            assert got is not None
+            outs = hits[got.cache_key] if got.cache_key in hits else outputs[item.id]
+            cached = got.cache_key in hits or item.id in shared
+            rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
                           worker=worker)
             report.done += 1
             report.cached += cached

@@ -225,9 +225,14 @@ class TransformersEngine:
     def _encode(self, reqs: Sequence[OcrRequest], texts: list[str]) -> Any:
         import torch
 
+        from worker.engines.hunyuan_inputs import encode_batch
+
         images = [r.image.convert("RGB") if r.image.mode != "RGB" else r.image for r in reqs]
-        enc = self.processor(text=texts, images=images, padding=True, padding_side="left",
-                             return_tensors="pt").to(self.device)
+        if self.settings.extra.get("preprocess", "device") == "processor":
+            enc = dict(self.processor(text=texts, images=images, padding=True, padding_side="left",
+                                      return_tensors="pt").to(self.device))
+        else:  # same tensors, normalised on the device (see hunyuan_inputs)
+            enc = encode_batch(self.processor, texts, images, self.device)
         # per-row multimodal positions: image index 0 in every row, as when the image runs alone
         core = self.model.model
         pos = [

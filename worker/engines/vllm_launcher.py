@@ -105,17 +105,19 @@ def wait_ready(root_url: str, proc: subprocess.Popen[bytes] | None = None, timeo
 
 
 def stop_server(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds."""
-    if proc.poll() is not None:
-        return
+    """SIGTERM the server's process group (API server, engine core, helpers), wait up to
+    ``grace`` seconds for all of it to exit, then SIGKILL what is left."""
+    deadline = time.monotonic() + grace
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                os.killpg(proc.pid, 0)  # raises once the whole group is gone
+            time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
     except ProcessLookupError:
         pass
+    proc.wait(10)
 
 
 def supervise(
