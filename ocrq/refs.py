@@ -27,6 +27,8 @@ the broker can submit any string).
 
 from __future__ import annotations
 
+import functools
+
 import csv
 import http.client
 import io
@@ -135,12 +137,19 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
     raise RefusedRef(f"scheme {scheme!r} is not supported: {text}")
 
 
+@functools.lru_cache(maxsize=64)
+def _resolved_roots(roots: tuple[Path, ...], cwd: Path) -> tuple[Path, ...]:
+    # resolved once per (roots, cwd), not once per reference: submit streams millions of refs
+    return tuple(r.resolve() for r in (roots or (cwd,)))
+
+
 def _local(path: Path, raw: str, limits: LimitSettings, base: Path | str | None) -> Ref:
+    cwd = Path.cwd()
     if not path.is_absolute():
-        path = (base if isinstance(base, Path) else Path.cwd()) / path
+        path = (base if isinstance(base, Path) else cwd) / path
     try:
         resolved = path.resolve()  # follows symlinks and '..' before the roots are checked
-        roots = [r.resolve() for r in (limits.allowed_roots or [Path.cwd()])]
+        roots = _resolved_roots(tuple(limits.allowed_roots), cwd)
     except (OSError, RuntimeError) as exc:  # symlink loops
         raise RefusedRef(f"unresolvable path: {raw}") from exc
     if not any(resolved.is_relative_to(root) for root in roots):

@@ -36,7 +36,7 @@ def encode_batch(processor: Any, texts: Sequence[str], images: Sequence[Any], de
         h, w = smart_resize(image.height, image.width, factor, size["shortest_edge"], size["longest_edge"])
         if (w, h) != image.size:
             image = image.resize((w, h), Image.Resampling.BICUBIC)
-        arr = torch.from_numpy(np.asarray(image, dtype=np.uint8)).to(device, non_blocking=True)
+        arr = torch.from_numpy(np.array(image, dtype=np.uint8)).to(device, non_blocking=True)
         x = (arr.permute(2, 0, 1).to(torch.float32) * rescale - mean) / std
         gh, gw = h // patch, w // patch
         x = x.reshape(3, gh // merge, merge, patch, gw // merge, merge, patch)
