@@ -258,7 +258,14 @@ class Governor:
             pinned.append(0)
         pinned_set = set(pinned)
         lookahead = min(n, 1 + 4 * self._hard + len(pinned))
-        order = pinned + [i for i in range(1, lookahead) if i not in pinned_set]
+        rest = [i for i in range(1, lookahead) if i not in pinned_set]
+        if self.profile.padded:
+            # a padded engine pays n × the longest row: fill with the images closest in size to
+            # the pinned ones, so a batch is homogeneous (bigger images wait for their own batch,
+            # never longer than max_skips batches)
+            anchor = max(pending[i].total_tokens for i in pinned)
+            rest.sort(key=lambda i: (abs(pending[i].total_tokens - anchor), i))
+        order = pinned + rest
         chosen: list[int] = []
         total = 0
         longest = 0

@@ -55,7 +55,9 @@ def requests_() -> list[OcrRequest]:
 
 
 def test_engine_protocol_and_revision(engine, checkpoint: Path) -> None:
-    assert isinstance(engine, Engine)
+    as_protocol: object = engine
+    assert isinstance(as_protocol, Engine)
+    assert engine.name == "transformers"
     assert engine.decode_mode == "hf" and engine.model.dtype == torch.float32
     assert engine.revision.startswith("hunyuanocr-1.5-")
     from worker.checkpoint import make_random_checkpoint

@@ -8,6 +8,7 @@ which keeps the check honest.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     with pytest.MonkeyPatch.context() as mp:
         for key, value in values.items():
             mp.setenv(key, value)
+        mp.setattr(tempfile, "tempdir", values["TMPDIR"])  # gettempdir() caches its first answer
         yield values
 
 
@@ -171,3 +173,38 @@ def test_engine_failure_is_mapped_and_the_engine_rebuilt(
     assert all(isinstance(o, OcrOutput) for o in outs)
     assert engine.builds == builds + 1
     print(f"\nrebuild after {failure}: {engine.start_seconds:.1f}s")
+
+
+# --- pure pieces -----------------------------------------------------------------------------------
+
+
+def test_split_sizes_are_the_tokens_the_processor_expands_each_image_to(checkpoint: Path) -> None:
+    from worker.engines import hunyuan
+    from worker.engines.vllm_plugin import hunyuan_tokens_per_image
+
+    processor = hunyuan.load_processor(checkpoint, 256 * 256, 1024 * 1024)
+    config = type("C", (), {"vision_config": type("V", (), {"spatial_merge_size": 2})()})()
+    images = make_images(0)
+    grid = processor.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+    tokens = hunyuan_tokens_per_image(grid, config).tolist()
+    assert tokens == [hunyuan.vision_tokens(*im.size, 256 * 256, 1024 * 1024) for im in images]
+    assert tokens != grid.prod(-1).tolist()  # what vLLM 0.32 splits by
+
+
+def test_gpu_share_leaves_room_for_other_processes() -> None:
+    from worker.engines.vllm_common import gpu_utilization
+
+    gib = 1 << 30
+    assert gpu_utilization(0.85, 80 * gib, 79 * gib) == 0.85  # an idle card: the setting stands
+    assert gpu_utilization(0.85, 80 * gib, 41 * gib) == 0.5  # another process holds 39 GiB
+    with pytest.raises(TooLargeForDevice):
+        gpu_utilization(0.85, 80 * gib, 2 * gib)
+
+
+def test_loop_cut_keeps_one_copy_of_the_unit() -> None:
+    from worker.engines.vllm_common import cut_repetition
+
+    head = list(range(100, 110))
+    kept, rep = cut_repetition(head + [1, 2, 3] * 12, 12)
+    assert rep is not None and rep.unit == 3 and kept == head + [1, 2, 3]
+    assert cut_repetition(head, 12) == (head, None)

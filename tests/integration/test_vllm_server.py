@@ -249,3 +249,31 @@ def test_a_down_endpoint_is_skipped_then_reprobed(monkeypatch: pytest.MonkeyPatc
     eng.infer(requests_for(make_images(0)[:4]))
     assert set(served) == {"a", "b"}
     eng.close()
+
+
+def test_metrics_parsing_sums_labels() -> None:
+    from worker.engines.vllm_server import parse_metrics
+
+    text = (
+        "# HELP vllm:num_requests_waiting x\n"
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 3.0\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+        'vllm:num_preemptions_total{engine="0"} 7.0\n'
+        "process_cpu_seconds_total 12.0\n"
+    )
+    assert parse_metrics(text) == {"vllm:num_requests_waiting": 5.0, "vllm:kv_cache_usage_perc": 0.25,
+                                   "vllm:num_preemptions_total": 7.0}
+
+
+def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
+    from worker.engines.vllm_launcher import server_argv
+
+    argv = server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server"))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    joined = " ".join(argv)
+    for flag in ("--no-enable-prefix-caching", "--mm-processor-cache-gb 0", "--max-model-len 2048",
+                 "--max-num-seqs 8", "--enforce-eager", "--dtype float32", '--limit-mm-per-prompt {"image": 1}'):
+        assert flag in joined
+    assert json.loads(argv[argv.index("--mm-processor-kwargs") + 1]) == {
+        "size": {"shortest_edge": 256 * 256, "longest_edge": 1024 * 1024}}

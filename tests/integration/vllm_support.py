@@ -49,10 +49,15 @@ def require_vllm() -> None:
 
 def vllm_env(tmp: Path) -> dict[str, str]:
     """Everything on loopback and in temp dirs; small KV; in-process engine core."""
-    (tmp / "rpc").mkdir(parents=True, exist_ok=True)
+    for sub in ("rpc", "tmp"):
+        (tmp / sub).mkdir(parents=True, exist_ok=True)
     return {
+        # vLLM's engine core drops a file-store rendezvous file (vllm_dist_*) in the temp dir
+        "TMPDIR": str(tmp / "tmp"),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # "auto" pins the (pytest) process to one CPU per physical core: leave threads alone
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_RPC_BASE_PATH": str(tmp / "rpc"),
         "VLLM_CACHE_ROOT": str(tmp / "cache"),

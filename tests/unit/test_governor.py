@@ -363,3 +363,23 @@ def test_rejects_nonsense_settings() -> None:
         governor(headroom=1.0)
     with pytest.raises(ValueError):
         governor(max_size=0)
+
+
+def test_padded_engines_get_homogeneous_batches() -> None:
+    # Given an engine that pads every row to the batch's longest (HF generate), with room for
+    # about eight small rows or two big ones
+    padded = ModelProfile("padded", weight_bytes=2 * GB, kv_bytes_per_token=80_000,
+                          act_bytes_per_token=20_000.0, padded=True)
+    gov = Governor(padded, capacity_bytes=4 * GB, max_size=128, initial_size=128)
+    small, big = c(1_081), c(3_380)
+    pending = [small, big, small, small, big, small, small, big, small, small]
+    # When the oldest is small, the batch is small ones only: no row pays for a big image
+    chosen = gov.plan(pending)
+    assert len(chosen) >= 5 and all(pending[i] == small for i in chosen)
+    # When the oldest is big, the big ones go together
+    rest = pending[1:]
+    chosen = gov.plan(rest)
+    assert len(chosen) >= 2 and all(rest[i] == big for i in chosen)
+    # An unpadded engine pays the sum, not the max: arrival order decides
+    flat = Governor(PROFILE, capacity_bytes=4 * GB, max_size=128, initial_size=128)
+    assert flat.plan(pending)[:2] == [0, 1]

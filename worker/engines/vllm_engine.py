@@ -33,82 +33,20 @@ from worker.costs import ModelProfile
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.transformers_engine import weights_revision
+from worker.engines.vllm_common import (
+    answer_meta,
+    build_output,
+    cut_repetition,
+    gpu_utilization,
+    image_messages,
+)
 
 log = logging.getLogger(__name__)
 
-#: device memory left to the CUDA context, other processes' growth and fragmentation when
-#: ``gpu_memory_utilization`` is sized from what NVML reports free at start
-GPU_RESERVE_BYTES = 1 << 30
 #: how often the vLLM gauges are read while a batch runs (REGISTRY.collect walks every metric)
 METRICS_EVERY_S = 0.25
 #: new tokens between two checks of a request's tail for a loop
 REPETITION_CHECK_EVERY = 8
-
-
-# ------------------------------------------------------------------------------------------------
-# pure helpers (unit-tested without vLLM)
-# ------------------------------------------------------------------------------------------------
-
-
-def gpu_utilization(requested: float, total: int, free: int, reserve: int = GPU_RESERVE_BYTES) -> float:
-    """The ``gpu_memory_utilization`` vLLM can actually get: vLLM claims that fraction of the
-    *total* and refuses to start when less is free, so other processes on the GPU are taken out."""
-    if total <= 0:
-        raise ValueError("device total must be positive")
-    fits = (free - reserve) / total
-    if fits <= 0.05:
-        raise TooLargeForDevice(
-            f"only {free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB free on the GPU: no room for vLLM"
-        )
-    return round(min(requested, fits), 4)
-
-
-def cut_repetition(tokens: list[int], min_repeats: int) -> tuple[list[int], hunyuan.Repetition | None]:
-    """Tokens to keep when the tail loops: everything before the loop plus one copy of the unit
-    (the rule and the cut are the transformers engine's, so both engines agree)."""
-    rep = hunyuan.detect_repetition(tokens, min_repeats)
-    if rep is None:
-        return tokens, None
-    return tokens[: len(tokens) - rep.span + rep.unit], rep
-
-
-def build_output(
-    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
-    meta: dict[str, Any],
-) -> OcrOutput:
-    """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the
-    same meta keys the transformers engine writes. Shared by both vLLM engines."""
-    width, height = request.image.size
-    text = text.strip()
-    meta = {
-        "task": request.task,
-        "vision_tokens": hunyuan.vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
-        **meta,
-    }
-    lines = []
-    if request.task == "spotting":
-        lines = hunyuan.parse_spotting(text, width, height)
-        meta["raw"] = text
-        text = "\n".join(line.text for line in lines) if lines else text
-    elif request.task == "extract":
-        meta["fields"] = hunyuan.parse_json_output(text)
-    return OcrOutput(text=text, lines=lines, engine=engine, model=revision, width=width, height=height,
-                     meta=json.loads(json.dumps(meta, default=str)))
-
-
-def image_messages(request: OcrRequest, version: hunyuan.Version, image_part: dict[str, Any]) -> list[Any]:
-    """``hunyuan.build_messages`` with its image placeholder replaced by a concrete image part."""
-    messages = hunyuan.build_messages(request.task, request.params, version)
-    for message in messages:
-        if isinstance(message["content"], list):
-            message["content"] = [image_part if part.get("type") == "image" else part
-                                  for part in message["content"]]
-    return messages
-
-
-# ------------------------------------------------------------------------------------------------
-# the engine
-# ------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -226,8 +164,11 @@ class VllmEngine:
 
         args = self.engine_args()
         self._on_cuda = torch.cuda.is_available()
-        if self._on_cuda and "gpu_memory_utilization" not in self.settings.extra.get("vllm", {}):
-            args["gpu_memory_utilization"] = self._gpu_share()
+        if self._on_cuda:
+            total, free = self._device_memory()
+            if "gpu_memory_utilization" not in args:
+                args["gpu_memory_utilization"] = gpu_utilization(self.settings.gpu_memory_utilization, total, free)
+            self.capacity_bytes = int(args["gpu_memory_utilization"] * total)
         t0 = time.perf_counter()
         self._llm = LLM(**args)
         self.start_seconds = time.perf_counter() - t0
@@ -235,16 +176,21 @@ class VllmEngine:
         log.info("vLLM engine %s built in %.1fs (build %d, utilization %s)", self.model_dir.name,
                  self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"))
 
-    def _gpu_share(self) -> float:
+    @staticmethod
+    def _device_memory() -> tuple[int, int]:
+        """(total, free) bytes of this process's GPU as NVML sees it (every process), else as
+        the CUDA driver does."""
         from worker.nvml import NvmlProbe
 
         probe = NvmlProbe.for_current_device()
         device = probe.read()
-        if device is None:  # no NVML: trust the setting, vLLM checks free memory itself
-            return self.settings.gpu_memory_utilization
-        share = gpu_utilization(self.settings.gpu_memory_utilization, device.total, device.free)
-        self.capacity_bytes = int(share * device.total)
-        return share
+        getattr(probe, "close", lambda: None)()
+        if device is not None:
+            return device.total, device.free
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        return int(total), int(free)
 
     def _teardown(self) -> None:
         llm, self._llm = self._llm, None
@@ -281,14 +227,7 @@ class VllmEngine:
                 outcomes.append(errors[i])
                 continue
             gen = gens[i]
-            meta = {
-                "generated_tokens": gen.generated,
-                "stop_reason": "repetition" if gen.repetition else gen.finish,
-                "repetition": {"unit": gen.repetition.unit, "repeats": gen.repetition.repeats}
-                if gen.repetition else None,
-                "batch_size": len(batch),
-                "batch_s": round(seconds, 4),
-            }
+            meta = answer_meta(gen.generated, gen.finish, gen.repetition, len(batch), seconds)
             text = str(tokenizer.decode(gen.tokens, skip_special_tokens=True))
             outcomes.append(build_output(request, text, engine=self.name, revision=self.revision,
                                          settings=self.settings, meta=meta))
@@ -296,14 +235,16 @@ class VllmEngine:
 
     def memory(self) -> MemorySample:
         """vLLM's own gauges: peak KV-cache usage and waiting requests since ``reset_peak``,
-        cumulative preemptions. Device bytes stay None: vLLM preallocates its share at start."""
-        with self._lock:
-            if self._llm is not None:
-                self._read_gauges(force=True)
-            peak = self._peak
-            return MemorySample(
-                kv_usage=peak.kv_usage, waiting=peak.waiting, preemptions=self._now.preemptions
-            )
+        cumulative preemptions. Device bytes stay None: vLLM preallocates its share at start.
+        Never waits for a running batch (it samples the gauges itself): then the last read stands."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._llm is not None:
+                    self._read_gauges(force=True)
+            finally:
+                self._lock.release()
+        peak = self._peak
+        return MemorySample(kv_usage=peak.kv_usage, waiting=peak.waiting, preemptions=self._now.preemptions)
 
     def reset_peak(self) -> None:
         with self._lock:

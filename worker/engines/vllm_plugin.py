@@ -117,6 +117,12 @@ def _split_fix(version: str) -> bool:
         log.warning("ocrq vLLM plugin: %s set, HunyuanVL embedding split NOT fixed", DISABLE_SPLIT_FIX_ENV)
         split_fix.enabled = False
     if not version.startswith(SPLIT_BUG_VERSIONS):
+        log.warning(
+            "ocrq vLLM plugin: vllm %s is not a version checked for the HunyuanVL embedding-split bug "
+            "(known bad: %s); if it serves HunYuanVL through the Transformers backend, run the "
+            "batch-invariance test before trusting batched results (docs/gpu.md)",
+            version, ", ".join(v + "x" for v in SPLIT_BUG_VERSIONS),
+        )
         return False
     from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
 

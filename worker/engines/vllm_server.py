@@ -1,4 +1,4 @@
-"""HunyuanOCR through one or more vLLM OpenAI-compatible servers, plus a launcher for them.
+"""HunyuanOCR through one or more vLLM OpenAI-compatible servers (``vllm_launcher`` starts them).
 
 Each image is one streamed chat completion (empty system message, user [image as a base64 PNG
 data URL, prompt]). Streaming lets the repetition rule stop a looping page early: closing the
@@ -7,8 +7,8 @@ stream makes vLLM abort the request. Token ids come back with the stream
 
 Endpoints are used least-loaded first (in flight + the server's ``vllm:num_requests_waiting``),
 round-robin on ties; each has its own bound on requests in flight (``max_num_seqs``). An endpoint
-that refuses connections or answers 5xx is marked down, skipped, and re-probed (``/health``)
-after ``PROBE_EVERY_S``. Errors, per image:
+that refuses connections or answers 502/503/504 is marked down, skipped, and re-probed
+(``/health``) after ``PROBE_EVERY_S`` (at once when no endpoint is left). Errors, per image:
 
 - connection error / 5xx / 429: retried on another endpoint with exponential backoff; after
   ``retries`` attempts → ``StorageUnavailable`` (retryable by Celery);
@@ -41,7 +41,7 @@ from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
-from worker.engines.vllm_engine import build_output, cut_repetition, image_messages
+from worker.engines.vllm_common import answer_meta, build_output, cut_repetition, image_messages
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +165,8 @@ class VllmServerEngine:
             if isinstance(answer, OcrqError):
                 outcomes.append(answer)
                 continue
-            meta = {
-                "generated_tokens": answer.generated,
-                "stop_reason": "repetition" if answer.repetition else answer.finish,
-                "repetition": {"unit": answer.repetition.unit, "repeats": answer.repetition.repeats}
-                if answer.repetition else None,
-                "batch_size": len(batch),
-                "batch_s": round(seconds, 4),
-                "endpoint": answer.endpoint,
-            }
+            meta = answer_meta(answer.generated, answer.finish, answer.repetition, len(batch), seconds)
+            meta["endpoint"] = answer.endpoint
             outcomes.append(build_output(request, answer.text, engine=self.name, revision=self.revision,
                                          settings=self.settings, meta=meta))
         return outcomes
@@ -209,7 +202,6 @@ class VllmServerEngine:
     ) -> list[list[list[tuple[int, float]]]]:
         """Per image, per step: top-``k`` (token id, logprob) along the greedy path, ``steps``
         tokens exactly (no stop rules), all requests in flight together."""
-
         bodies = [self._body(r) for r in requests]
         for body in bodies:
             body.update(max_tokens=steps, min_tokens=steps, ignore_eos=True, logprobs=True, top_logprobs=k)
@@ -324,7 +316,7 @@ class VllmServerEngine:
             return
         detail = response.read().decode("utf-8", "replace")[:400]
         if response.status_code == 429 or response.status_code >= 500:
-            if response.status_code >= 500:
+            if response.status_code in (502, 503, 504):  # the server (or its proxy) is unavailable
                 self._mark_down(ep)
             raise _Retry(f"HTTP {response.status_code}: {detail}")
         raise BadRequest(f"HTTP {response.status_code} from {ep.url}: {detail}")
@@ -358,6 +350,9 @@ class VllmServerEngine:
             for ep in self._endpoints:
                 if not ep.healthy and now >= ep.probe_at:
                     self._probe(ep)
+            if not any(ep.healthy for ep in self._endpoints):
+                for ep in self._endpoints:  # nothing left to skip to: look again now
+                    self._probe(ep)
             with self._lock:
                 live = [ep for ep in self._endpoints if ep.healthy]
                 if not live:
@@ -386,11 +381,11 @@ class VllmServerEngine:
 
     def _probe(self, ep: _Endpoint) -> bool:
         """``/health`` (vLLM), else ``/v1/models`` (other OpenAI-compatible servers)."""
-        client = self._client or httpx.Client(transport=self._transport)
+        assert self._client is not None
         ok = False
         for url in (f"{ep.root}/health", f"{ep.url}/models"):
             try:
-                if client.get(url, timeout=2.0).status_code == 200:
+                if self._client.get(url, timeout=2.0).status_code == 200:
                     ok = True
                     break
             except httpx.HTTPError:

@@ -1,0 +1,90 @@
+"""What the two vLLM engines (in-process and server) share: chat messages with a concrete image
+part, the loop cut, an answer as ``OcrOutput`` and the GPU share vLLM may claim.
+
+The first three are HunyuanOCR answer shaping the transformers engine does too (its ``_output``
+and ``_settle``); they belong next to the prompts in ``hunyuan.py`` once its owner takes them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ocrq.errors import TooLargeForDevice
+from ocrq.results import OcrOutput
+from ocrq.settings import EngineSettings
+from worker.engines import hunyuan
+from worker.engines.base import OcrRequest
+
+#: device memory left to the CUDA context, other processes' growth and fragmentation when
+#: ``gpu_memory_utilization`` is sized from what NVML reports free at start
+GPU_RESERVE_BYTES = 1 << 30
+
+
+def gpu_utilization(requested: float, total: int, free: int, reserve: int = GPU_RESERVE_BYTES) -> float:
+    """The ``gpu_memory_utilization`` vLLM can actually get: vLLM claims that fraction of the
+    *total* and refuses to start when less is free, so other processes on the GPU are taken out."""
+    if total <= 0:
+        raise ValueError("device total must be positive")
+    fits = (free - reserve) / total
+    if fits <= 0.05:
+        raise TooLargeForDevice(
+            f"only {free / 2**30:.1f} GiB of {total / 2**30:.1f} GiB free on the GPU: no room for vLLM"
+        )
+    return round(min(requested, fits), 4)
+
+
+def cut_repetition(tokens: list[int], min_repeats: int) -> tuple[list[int], hunyuan.Repetition | None]:
+    """Tokens to keep when the tail loops: everything before the loop plus one copy of the unit
+    (the rule and the cut are the transformers engine's, so both engines agree)."""
+    rep = hunyuan.detect_repetition(tokens, min_repeats)
+    if rep is None:
+        return tokens, None
+    return tokens[: len(tokens) - rep.span + rep.unit], rep
+
+
+def answer_meta(
+    generated: int, finish: str | None, repetition: hunyuan.Repetition | None, batch_size: int, seconds: float
+) -> dict[str, Any]:
+    """The meta keys both vLLM engines add to an answer (the transformers engine's names)."""
+    return {
+        "generated_tokens": generated,
+        "stop_reason": "repetition" if repetition else finish,
+        "repetition": {"unit": repetition.unit, "repeats": repetition.repeats} if repetition else None,
+        "batch_size": batch_size,
+        "batch_s": round(seconds, 4),
+    }
+
+
+def build_output(
+    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
+    meta: dict[str, Any],
+) -> OcrOutput:
+    """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the
+    same meta keys the transformers engine writes. Shared by both vLLM engines."""
+    width, height = request.image.size
+    text = text.strip()
+    meta = {
+        "task": request.task,
+        "vision_tokens": hunyuan.vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
+        **meta,
+    }
+    lines = []
+    if request.task == "spotting":
+        lines = hunyuan.parse_spotting(text, width, height)
+        meta["raw"] = text
+        text = "\n".join(line.text for line in lines) if lines else text
+    elif request.task == "extract":
+        meta["fields"] = hunyuan.parse_json_output(text)
+    return OcrOutput(text=text, lines=lines, engine=engine, model=revision, width=width, height=height,
+                     meta=json.loads(json.dumps(meta, default=str)))
+
+
+def image_messages(request: OcrRequest, version: hunyuan.Version, image_part: dict[str, Any]) -> list[Any]:
+    """``hunyuan.build_messages`` with its image placeholder replaced by a concrete image part."""
+    messages = hunyuan.build_messages(request.task, request.params, version)
+    for message in messages:
+        if isinstance(message["content"], list):
+            message["content"] = [image_part if part.get("type") == "image" else part
+                                  for part in message["content"]]
+    return messages
