@@ -36,6 +36,9 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.redis.visibility_timeout,
+            # kombu sweeps every interval × throttle seconds; one knob, one sweep per interval
+            "unacked_restore_interval": settings.redis.unacked_restore_s,
+            "unacked_restore_throttle": 1,
             # 0..9 priority levels; Redis emulates them with one list per level
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),

@@ -26,6 +26,9 @@ class RedisSettings(BaseModel):
     #: seconds a delivered-but-unacked message stays invisible before Redis hands it to another
     #: worker. Must exceed the longest chunk (64 refs on a slow engine) plus retry countdowns.
     visibility_timeout: int = 3600
+    #: seconds between sweeps that hand expired unacked messages (a dead worker's) back to the
+    #: queue; redelivery after a crash takes visibility_timeout + up to this
+    unacked_restore_s: int = 60
     #: TTL of hot cache entries in Redis (the durable copy lives in the store)
     cache_ttl: int = 7 * 24 * 3600
     #: TTL of job indexes and image summaries

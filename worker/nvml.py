@@ -79,9 +79,12 @@ class NvmlProbe:
         except ImportError:
             return NullProbe()
         probe = cls(device, nvml=pynvml)
+        probe._warned = True  # no GPU here is the normal CPU case: the first read stays quiet
         if probe.read() is None:
             probe.close()
+            log.info("no NVML device: the governor plans by count and engine figures only")
             return NullProbe()
+        probe._warned = False
         return probe
 
     def read(self) -> DeviceMemory | None:

@@ -62,7 +62,8 @@ def test_transient_oom_is_absorbed_in_process(redis_url, start_worker, tmp_path)
 def test_killed_worker_gives_its_chunk_back(redis_url, start_worker, tmp_path):
     # Given a slow engine and a short visibility timeout
     word_images(tmp_path / "in", 4)
-    env = sim_env(redis_url, tmp_path, sim={"image_latency_s": 30}, OCRQ_REDIS__VISIBILITY_TIMEOUT="4")
+    env = sim_env(redis_url, tmp_path, sim={"image_latency_s": 30}, OCRQ_REDIS__VISIBILITY_TIMEOUT="4",
+                     OCRQ_REDIS__UNACKED_RESTORE_S="2")
     first = start_worker(env, name="doomed")
     client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
                                  redis={"visibility_timeout": 4}))
@@ -75,7 +76,8 @@ def test_killed_worker_gives_its_chunk_back(redis_url, start_worker, tmp_path):
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(10)
     # Then a fresh worker gets the same message again and finishes every image
-    start_worker(sim_env(redis_url, tmp_path, OCRQ_REDIS__VISIBILITY_TIMEOUT="4"), name="rescuer")
+    start_worker(sim_env(redis_url, tmp_path, OCRQ_REDIS__VISIBILITY_TIMEOUT="4",
+                     OCRQ_REDIS__UNACKED_RESTORE_S="2"), name="rescuer")
     counts = job.wait(timeout=120)
     assert counts["done"] == 4 and counts["failed"] == 0, counts
     assert {r.worker for r in job.records()} == {f"rescuer@{os.uname().nodename}"}

@@ -143,7 +143,7 @@ def test_only_dead_endpoints_fail_at_start(checkpoint: Path) -> None:
 
 
 def _sse(tokens: list[int], text: str = "ok") -> bytes:
-    chunks = [{"choices": [{"delta": {"content": text if i == 0 else ""}, "finish_reason": None,
+    chunks: list[dict[str, Any]] = [{"choices": [{"delta": {"content": text if i == 0 else ""}, "finish_reason": None,
                             "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.1,
                                                       "top_logprobs": []}]}}]}
               for i, t in enumerate(tokens)]
