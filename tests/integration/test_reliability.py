@@ -22,11 +22,9 @@ pytestmark = pytest.mark.integration
 
 def sim_env(redis_url, tmp_path, **extra):
     extra_settings = extra.pop("sim", {})
-    return worker_env(
-        redis_url, tmp_path / "store", [tmp_path],
-        OCRQ_ENGINE__KIND="simulated", OCRQ_ENGINE__EXTRA=json.dumps(extra_settings),
-        OCRQ_BATCH__MODE="auto", OCRQ_QUEUE__CHUNK_SIZE="4", **extra,
-    )
+    env = {"OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(extra_settings),
+           "OCRQ_BATCH__MODE": "auto", "OCRQ_QUEUE__CHUNK_SIZE": "4", **extra}
+    return worker_env(redis_url, tmp_path / "store", [tmp_path], **env)
 
 
 def test_engine_crash_is_retried_per_image_and_visible_as_retry(redis_url, start_worker, tmp_path):
@@ -98,3 +96,24 @@ def test_two_workers_share_one_queue(redis_url, start_worker, tmp_path):
         by_worker[rec.worker.split("@")[0]] = by_worker.get(rec.worker.split("@")[0], 0) + 1
     assert set(by_worker) == {"a", "b"}, by_worker
     assert min(by_worker.values()) >= 4, by_worker
+
+
+def test_prefetch_follows_the_governor_not_the_pool_size(redis_url, redis_client, start_worker, tmp_path):
+    # Given a slow worker with 4 pool threads whose governor wants batches of 2
+    word_images(tmp_path / "in", 32)
+    env = sim_env(redis_url, tmp_path, sim={"image_latency_s": 0.4}, OCRQ_BATCH__MODE="fixed",
+                  OCRQ_BATCH__SIZE="2", TEST_CONCURRENCY="4")
+    start_worker(env)
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 queue={"chunk_size": 4}))
+    # When 8 chunks are queued
+    job = client.submit([str(tmp_path / "in")], job="prefetch")
+    held = []
+    while not job.finished():
+        held.append(redis_client.hlen("unacked"))
+        time.sleep(0.2)
+    # Then it never reserved more chunks than the governor's backlog needs (2 × 2 images = 1
+    # chunk, +1 while the next is fetched), although its pool could run 4 at once
+    assert max(held) <= 2, held
+    state = json.loads(redis_client.get(next(redis_client.scan_iter("ocrq:workers:*"))))
+    assert state["prefetch"] == 1 and state["mode"] == "fixed"
