@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,11 +40,12 @@ def worker_env(redis_url: str, store: Path, roots: list[Path], **extra: str) -> 
     return env
 
 
-def wait_ready(redis_url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
+def wait_ready(redis_url: str, proc: subprocess.Popen[bytes], log: Path, node: str, timeout: float = 300) -> None:
+    """Ready = this worker's bootstep published its state (engine started, consuming)."""
     client = redis.Redis.from_url(redis_url)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if any(True for _ in client.scan_iter(keys.worker_state("*"))):
+        if client.exists(keys.worker_state(node)):
             return
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited {proc.returncode}:\n{log.read_text()[-4000:]}")
@@ -65,7 +67,7 @@ def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[
             start_new_session=True,
         )
         procs.append((proc, log))
-        wait_ready(redis_url, proc, log)
+        wait_ready(redis_url, proc, log, f"{name}@{socket.gethostname()}")
         return proc
 
     yield start

@@ -1,0 +1,86 @@
+"""Both vLLM engines inside a real `ocrq worker` process, end to end through Redis: the
+in-process engine (`engine.kind=vllm`) and the client of a real
+`vllm.entrypoints.openai.api_server` subprocess on loopback (`engine.kind=vllm-server`).
+Tiny random checkpoint, fp32 on CPU; the batch-invariance checks live in test_vllm_engine.py
+and test_vllm_server.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producer.client import Client
+from tests.conftest import free_port
+from tests.fixtures.images import word_images
+from tests.integration.conftest import settings_for, worker_env
+from tests.integration.vllm_support import engine_settings, require_vllm, tiny_checkpoint, vllm_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def venv_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    require_vllm()
+    return vllm_env(tmp_path_factory.mktemp("vllm-worker-env"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(venv_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory)
+
+
+def _engine_env(model_dir: Path, kind: str) -> dict[str, str]:
+    s = engine_settings(model_dir, kind, max_new_tokens=8)
+    return {
+        "OCRQ_ENGINE__KIND": kind, "OCRQ_ENGINE__MODEL_DIR": str(model_dir), "OCRQ_ENGINE__DTYPE": "float32",
+        "OCRQ_ENGINE__MAX_MODEL_LEN": str(s.max_model_len), "OCRQ_ENGINE__MAX_NUM_SEQS": str(s.max_num_seqs),
+        "OCRQ_ENGINE__MAX_NUM_BATCHED_TOKENS": str(s.max_num_batched_tokens), "OCRQ_ENGINE__ENFORCE_EAGER": "true",
+        "OCRQ_ENGINE__MIN_PIXELS": str(s.min_pixels), "OCRQ_ENGINE__MAX_PIXELS": str(s.max_pixels),
+        "OCRQ_ENGINE__MAX_NEW_TOKENS": "8", "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "4",
+    }
+
+
+def _run_job(redis_url: str, tmp_path: Path, job_name: str, engine: str) -> None:
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(tmp_path / "in")], job=job_name)
+    counts = job.wait(timeout=300)
+    assert counts["done"] == 5 and counts["failed"] == 0, counts
+    for result in job.results():
+        out = result.outputs[0]
+        assert out.engine == engine and out.model, out
+        assert 1 <= out.meta.get("generated_tokens", 0) <= 8, out.meta
+
+
+def test_in_process_vllm_engine_in_a_worker(redis_url, start_worker, tmp_path, checkpoint, venv_env):
+    word_images(tmp_path / "in", 5)
+    start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], **venv_env,
+                            **_engine_env(checkpoint, "vllm")))
+    _run_job(redis_url, tmp_path, "vllm-inproc", "vllm")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, venv_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from worker.engines.vllm_launcher import launch_server, stop_server
+
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm-worker-server") / "server.log"
+    with log_path.open("wb") as log_file:
+        try:
+            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=venv_env,
+                                 log_file=log_file, ready_timeout=240)
+        except (RuntimeError, TimeoutError):
+            pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            stop_server(proc)
+
+
+def test_vllm_server_engine_in_a_worker(redis_url, start_worker, tmp_path, checkpoint, server, venv_env):
+    word_images(tmp_path / "in", 5, seed=5)
+    env = {**_engine_env(checkpoint, "vllm-server"), "OCRQ_ENGINE__ENDPOINTS": json.dumps([server])}
+    start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], **venv_env, **env))
+    _run_job(redis_url, tmp_path, "vllm-server", "vllm-server")
