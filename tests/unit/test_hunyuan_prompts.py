@@ -92,8 +92,7 @@ def test_repetition_detection_on_tokens_and_text() -> None:
 def test_vision_tokens_and_cost() -> None:
     assert hunyuan.vision_tokens(1024, 768) == 794  # 24 rows × (32 + 1) + 2
     assert hunyuan.vision_tokens(2048, 1536) == 48 * 65 + 2
-    assert hunyuan._local_vision_tokens(1024, 768, 512 * 512, 2048 * 2048) == 794
-    assert hunyuan.vision_tokens(600, 400) == hunyuan._local_vision_tokens(600, 400, 512 * 512, 2048 * 2048)
+    assert hunyuan.vision_tokens(1024, 768, 512 * 512, 2048 * 2048) == 794
     settings = EngineSettings(max_new_tokens=300)
     req = OcrRequest(key="k", image=Image.new("RGB", (1024, 768)), params={"max_new_tokens": 64})
     cost = hunyuan.cost(req, settings)

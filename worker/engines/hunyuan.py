@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ocrq.results import OcrLine
+from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
+from worker.costs import hunyuan_vision_tokens
 from worker.engines.base import ImageCost, OcrRequest
 
 Version = Literal["1.0", "1.5"]
@@ -255,34 +256,9 @@ def detect_repetition(
 # ---------------------------------------------------------------------------------------------
 
 
-def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    # transformers' HunYuanVL smart_resize: aspect kept, sides multiples of `factor`
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _local_vision_tokens(width: int, height: int, min_pixels: int, max_pixels: int) -> int:
-    h, w = _smart_resize(height, width, 32, min_pixels, max_pixels)
-    return (h // 32) * (w // 32 + 1) + 2
-
-
 def vision_tokens(width: int, height: int, min_pixels: int = 512 * 512, max_pixels: int = 2048 * 2048) -> int:
     """Tokens one image occupies in the prompt: (H/32)·(W/32 + 1) + 2 after the model's resize
-    (the image start/end wrapper tokens come on top). Delegates to the shared cost model
-    ``worker.costs`` when the checkout has it; the local copy is the same formula."""
-    try:
-        from worker.costs import hunyuan_vision_tokens
-    except ImportError:  # pragma: no cover - depends on the checkout
-        return _local_vision_tokens(width, height, min_pixels, max_pixels)
+    (the image start/end wrapper tokens come on top); the formula lives in ``worker.costs``."""
     return int(hunyuan_vision_tokens(width, height, min_pixels, max_pixels))
 
 
@@ -407,3 +383,27 @@ def load_processor(
             size["longest_edge"] = max_pixels
         processor.image_processor.size = size
     return processor
+
+
+def build_output(
+    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
+    meta: dict[str, Any],
+) -> OcrOutput:
+    """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the
+    same meta keys the transformers engine writes. Shared by both vLLM engines."""
+    width, height = request.image.size
+    text = text.strip()
+    meta = {
+        "task": request.task,
+        "vision_tokens": vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
+        **meta,
+    }
+    lines = []
+    if request.task == "spotting":
+        lines = parse_spotting(text, width, height)
+        meta["raw"] = text
+        text = "\n".join(line.text for line in lines) if lines else text
+    elif request.task == "extract":
+        meta["fields"] = parse_json_output(text)
+    return OcrOutput(text=text, lines=lines, engine=engine, model=revision, width=width, height=height,
+                     meta=json.loads(json.dumps(meta, default=str)))

@@ -343,23 +343,13 @@ class TransformersEngine:
                 rows[b] = _Row(toks, "length", len(toks))
 
     def _output(self, req: OcrRequest, row: _Row, info: dict[str, Any]) -> OcrOutput:
-        width, height = req.image.size
-        text = str(self.processor.tokenizer.decode(row.tokens, skip_special_tokens=True)).strip()
+        text = str(self.processor.tokenizer.decode(row.tokens, skip_special_tokens=True))
         meta: dict[str, Any] = {
-            "task": req.task, "generated_tokens": row.generated, "stop_reason": row.stop_reason,
+            "generated_tokens": row.generated, "stop_reason": row.stop_reason,
             "repetition": {"unit": row.repetition.unit, "repeats": row.repetition.repeats}
             if row.repetition else None,
-            "vision_tokens": hunyuan.vision_tokens(
-                width, height, self.settings.min_pixels, self.settings.max_pixels),
             "batch_size": info["batch"], "decode": info["decode"],
             "prefill_s": round(info["prefill_s"], 4), "decode_s": round(info["decode_s"], 4),
         }
-        lines = []
-        if req.task == "spotting":
-            lines = hunyuan.parse_spotting(text, width, height)
-            meta["raw"] = text
-            text = "\n".join(line.text for line in lines) if lines else text
-        elif req.task == "extract":
-            meta["fields"] = hunyuan.parse_json_output(text)
-        return OcrOutput(text=text, lines=lines, engine=self.name, model=self.revision, width=width,
-                         height=height, meta=json.loads(json.dumps(meta, default=str)))
+        return hunyuan.build_output(req, text, engine=self.name, revision=self.revision,
+                                    settings=self.settings, meta=meta)

@@ -7,12 +7,9 @@ and ``_settle``); they belong next to the prompts in ``hunyuan.py`` once its own
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ocrq.errors import TooLargeForDevice
-from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 
@@ -54,30 +51,6 @@ def answer_meta(
         "batch_size": batch_size,
         "batch_s": round(seconds, 4),
     }
-
-
-def build_output(
-    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
-    meta: dict[str, Any],
-) -> OcrOutput:
-    """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the
-    same meta keys the transformers engine writes. Shared by both vLLM engines."""
-    width, height = request.image.size
-    text = text.strip()
-    meta = {
-        "task": request.task,
-        "vision_tokens": hunyuan.vision_tokens(width, height, settings.min_pixels, settings.max_pixels),
-        **meta,
-    }
-    lines = []
-    if request.task == "spotting":
-        lines = hunyuan.parse_spotting(text, width, height)
-        meta["raw"] = text
-        text = "\n".join(line.text for line in lines) if lines else text
-    elif request.task == "extract":
-        meta["fields"] = hunyuan.parse_json_output(text)
-    return OcrOutput(text=text, lines=lines, engine=engine, model=revision, width=width, height=height,
-                     meta=json.loads(json.dumps(meta, default=str)))
 
 
 def image_messages(request: OcrRequest, version: hunyuan.Version, image_part: dict[str, Any]) -> list[Any]:

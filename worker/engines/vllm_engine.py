@@ -32,10 +32,10 @@ from worker.batcher import is_oom
 from worker.costs import ModelProfile
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
+from worker.engines.hunyuan import build_output
 from worker.engines.transformers_engine import weights_revision
 from worker.engines.vllm_common import (
     answer_meta,
-    build_output,
     cut_repetition,
     gpu_utilization,
     image_messages,

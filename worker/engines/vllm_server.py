@@ -41,7 +41,8 @@ from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
-from worker.engines.vllm_common import answer_meta, build_output, cut_repetition, image_messages
+from worker.engines.hunyuan import build_output
+from worker.engines.vllm_common import answer_meta, cut_repetition, image_messages
 
 log = logging.getLogger(__name__)
 
