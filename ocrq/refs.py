@@ -1,4 +1,5 @@
-"""Image references: what producers submit (``expand``) and what workers read (``fetch``).
+"""Image references: parsing, confinement to allowed roots, and expansion (``expand``) for producers
+(workers read the bytes with ``ocrq.fetch``).
 
 A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, or an
 ``http(s)://`` URL. Containers expand to single-image refs:
@@ -27,27 +28,21 @@ the broker can submit any string).
 
 from __future__ import annotations
 
-import functools
-
 import csv
-import http.client
+import functools
 import io
 import json
 import os
 import re
-import stat
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
+from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
 from ocrq.settings import LimitSettings
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"})
@@ -340,68 +335,6 @@ def _csv_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None]]:
         yield reader.line_num, value or None
 
 
-# --- fetching ----------------------------------------------------------------------------------
-
-def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
-    """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors."""
-    parsed = parse(ref, limits)
-    if parsed.kind == "local" and parsed.path is not None:
-        return _fetch_local(parsed.path, limits.max_bytes)
-    if parsed.kind == "s3":
-        if parsed.is_prefix:
-            raise RefusedRef(f"not a single object: {ref}")
-        if s3_client is None:
-            raise RefusedRef(f"no S3 client configured for {ref}")
-        return _fetch_s3(s3_client, parsed, limits.max_bytes)
-    return _fetch_http(parsed.value, limits)
-
-
-def _read_capped(read: Callable[[int], bytes], cap: int, ref: str,
-                 deadline: float | None = None) -> bytes:
-    buf = bytearray()
-    while chunk := read(min(_CHUNK, cap + 1 - len(buf))):
-        buf += chunk
-        if len(buf) > cap:
-            raise TooLarge(f"more than {cap} bytes: {ref}")
-        if deadline is not None and time.monotonic() > deadline:
-            raise StorageUnavailable(f"timed out reading {ref}")
-    return bytes(buf)
-
-
-def _fetch_local(path: Path, cap: int) -> bytes:
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang a fetch thread (no effect on regular files)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as handle:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise RefusedRef(f"not a regular file: {path}")
-            if info.st_size > cap:
-                raise TooLarge(f"{info.st_size} bytes > {cap}: {path}")
-            return _read_capped(handle.read, cap, str(path))
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise MissingObject(f"no such file: {path}") from exc
-    except (PermissionError, IsADirectoryError) as exc:
-        raise RefusedRef(f"cannot read {path}: {exc.strerror}") from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot read {path}: {exc}") from exc
-
-
-def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:
-    try:
-        response = s3.get_object(Bucket=ref.bucket, Key=ref.key)
-        body = response["Body"]
-        try:
-            size = response.get("ContentLength")
-            if size is not None and size > cap:
-                raise TooLarge(f"{size} bytes > {cap}: {ref.value}")
-            return _read_capped(body.read, cap, ref.value)
-        finally:
-            body.close()
-    except (ClientError, BotoCoreError, OSError) as exc:
-        raise _s3_error(exc, ref.value) from exc
-
-
 def _s3_error(exc: Exception, ref: str) -> OcrqError:
     """Map a boto3/botocore/transport exception to the error tree."""
     response = exc.response if isinstance(exc, ClientError) else None
@@ -414,58 +347,3 @@ def _s3_error(exc: Exception, ref: str) -> OcrqError:
     if code in _S3_RETRYABLE or status in (408, 429) or status >= 500:
         return StorageUnavailable(f"S3 error for {ref}: {code or status}")
     return RefusedRef(f"S3 refused {ref}: {code or status}")
-
-
-class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Counts redirects itself and refuses targets whose scheme is not allowed."""
-
-    max_repeats = max_redirections = 1 << 10  # our own count below is the limit
-
-    def __init__(self, limit: int, schemes: frozenset[str]) -> None:
-        self._limit = limit
-        self._schemes = schemes
-
-    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
-                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
-        count = getattr(req, "ocrq_redirects", 0) + 1
-        if urlsplit(newurl).scheme.lower() not in self._schemes:
-            fp.close()
-            raise RefusedRef(f"redirect to a refused scheme: {req.full_url} -> {newurl}")
-        if count > self._limit:
-            fp.close()
-            raise RefusedRef(f"more than {self._limit} redirects: {req.full_url} -> {newurl}")
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None:
-            new.ocrq_redirects = count  # type: ignore[attr-defined]
-        return new
-
-
-def _http_status_error(status: int, url: str) -> OcrqError:
-    if status in (404, 410):
-        return MissingObject(f"HTTP {status}: {url}")
-    if status in (408, 425, 429) or status >= 500:
-        return StorageUnavailable(f"HTTP {status}: {url}")
-    return RefusedRef(f"HTTP {status}: {url}")  # 401/403, other 4xx, redirects we did not follow
-
-
-def _fetch_http(url: str, limits: LimitSettings) -> bytes:
-    schemes = frozenset(s.lower() for s in limits.allowed_schemes) & {"http", "https"}
-    opener = urllib.request.build_opener(_Redirects(limits.http_max_redirects, schemes))
-    request = urllib.request.Request(url, headers={"User-Agent": "ocrq"})
-    # http_timeout bounds each socket operation and the whole fetch, so a server that drips
-    # bytes cannot hold a fetch thread indefinitely.
-    deadline = time.monotonic() + limits.http_timeout
-    try:
-        with opener.open(request, timeout=limits.http_timeout) as response:
-            length = response.headers.get("Content-Length", "")
-            if length.strip().isdigit() and int(length) > limits.max_bytes:
-                raise TooLarge(f"{int(length)} bytes > {limits.max_bytes}: {url}")
-            # read1: return what has arrived, so the deadline is checked between arrivals
-            return _read_capped(response.read1, limits.max_bytes, url, deadline)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        raise _http_status_error(exc.code, url) from exc
-    except http.client.InvalidURL as exc:
-        raise RefusedRef(f"malformed URL: {url}") from exc
-    except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets, short reads
-        raise StorageUnavailable(f"HTTP source unavailable: {url}: {exc}") from exc

@@ -21,8 +21,8 @@ from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
 
 from ocrq import keys
 from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.fetch import fetch
 from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
-from ocrq.refs import fetch
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest

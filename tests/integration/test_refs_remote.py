@@ -15,7 +15,8 @@ import pytest
 from botocore.config import Config
 
 from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable, TooLarge
-from ocrq.refs import BAD_REF_PREFIX, expand, fetch
+from ocrq.fetch import fetch
+from ocrq.refs import BAD_REF_PREFIX, expand
 from ocrq.settings import LimitSettings
 from tests.conftest import free_port
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
-from ocrq.refs import BAD_REF_PREFIX, canonical, expand, fetch, parse
+from ocrq.fetch import fetch
+from ocrq.refs import BAD_REF_PREFIX, canonical, expand, parse
 from ocrq.settings import LimitSettings
 
 
