@@ -54,6 +54,8 @@ down:
 # Two pytest processes: once vLLM has loaded a model in a process, plain transformers HunyuanVL
 # models cannot be built there any more (docs/gpu.md), so the vllm tier runs on its own.
 test: install-vllm
+	$(VENV)/bin/ruff check ocrq worker producer tests bench examples
+	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
 
@@ -67,15 +69,13 @@ test-vllm: install-vllm
 	$(PY) -m pytest tests -m vllm
 
 lint: install
-	$(VENV)/bin/ruff check ocrq worker producer tests bench
-	$(VENV)/bin/ruff format --check ocrq worker producer || true
+	$(VENV)/bin/ruff check ocrq worker producer tests bench examples
 
 typecheck: install
 	$(VENV)/bin/mypy
 
 format: install
-	$(VENV)/bin/ruff check --fix ocrq worker producer tests bench
-	$(VENV)/bin/ruff format ocrq worker producer tests bench
+	$(VENV)/bin/ruff check --fix ocrq worker producer tests bench examples
 
 clean:
 	-$(OCRQ) down
