@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ocrq.errors import OcrqError
 from ocrq.settings import Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-queue fleet.")
@@ -96,7 +97,11 @@ def submit(
     settings = _settings()
     client = _client(settings)
     t0 = time.monotonic()
-    handle = client.submit(refs, job=job, task=task, params=_parse_params(param), priority=priority)
+    try:
+        handle = client.submit(refs, job=job, task=task, params=_parse_params(param), priority=priority)
+    except (OcrqError, ValueError) as exc:  # a container we cannot read, a bad job name: no traceback
+        console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
+        raise typer.Exit(code=2) from exc
     console.print(f"job [bold]{job}[/]: {handle.published} images published in {time.monotonic() - t0:.2f}s")
     if not (wait or out or show):
         return
@@ -228,7 +233,14 @@ def make_random(size: str = typer.Option("tiny", help="tiny | full"),
 
 
 def main() -> None:
-    app()
+    import redis
+
+    try:
+        app()
+    except redis.ConnectionError as exc:
+        console.print(f"[red]cannot reach Redis[/]: {escape(str(exc))}\n"
+                      "start the embedded stack with `ocrq up`, or point OCRQ_REDIS__URL at your Redis")
+        sys.exit(2)
 
 
 if __name__ == "__main__":
