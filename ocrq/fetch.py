@@ -9,7 +9,9 @@ unreachable/5xx/throttled → StorageUnavailable (retryable).
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import os
+import socket
 import stat
 import time
 import urllib.error
@@ -87,13 +89,14 @@ def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Counts redirects itself and refuses targets whose scheme is not allowed."""
+    """Counts redirects itself and refuses targets whose scheme or host is not allowed."""
 
     max_repeats = max_redirections = 1 << 10  # our own count below is the limit
 
-    def __init__(self, limit: int, schemes: frozenset[str]) -> None:
+    def __init__(self, limit: int, schemes: frozenset[str], limits: LimitSettings) -> None:
         self._limit = limit
         self._schemes = schemes
+        self._limits = limits
 
     def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
                          headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
@@ -104,6 +107,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if count > self._limit:
             fp.close()
             raise RefusedRef(f"more than {self._limit} redirects: {req.full_url} -> {newurl}")
+        _check_host(newurl, self._limits)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None:
             new.ocrq_redirects = count  # type: ignore[attr-defined]
@@ -118,9 +122,26 @@ def _http_status_error(status: int, url: str) -> OcrqError:
     return RefusedRef(f"HTTP {status}: {url}")  # 401/403, other 4xx, redirects we did not follow
 
 
+def _check_host(url: str, limits: LimitSettings) -> None:
+    """Refuse hosts that resolve to non-public addresses unless allowed. (urllib resolves again
+    when it connects; DNS rebinding between the two is not covered.)"""
+    if limits.http_allow_private:
+        return
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
+    for info in infos:
+        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if not addr.is_global:
+            raise RefusedRef(f"{url}: {host} resolves to a non-public address ({addr})")
+
+
 def _fetch_http(url: str, limits: LimitSettings) -> bytes:
+    _check_host(url, limits)
     schemes = frozenset(s.lower() for s in limits.allowed_schemes) & {"http", "https"}
-    opener = urllib.request.build_opener(_Redirects(limits.http_max_redirects, schemes))
+    opener = urllib.request.build_opener(_Redirects(limits.http_max_redirects, schemes, limits))
     request = urllib.request.Request(url, headers={"User-Agent": "ocrq"})
     # http_timeout bounds each socket operation and the whole fetch, so a server that drips
     # bytes cannot hold a fetch thread indefinitely.

@@ -62,6 +62,9 @@ class LimitSettings(BaseModel):
     #: schemes a reference may use
     allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https"])
     http_timeout: float = 20.0
+    #: http(s) refs may point at loopback/private/link-local addresses (cloud metadata, internal
+    #: services): off by default, so submitting a URL cannot make workers probe the network
+    http_allow_private: bool = False
     http_max_redirects: int = 3
     #: threads that fetch + decode + hash ahead of the engine
     fetch_threads: int = 8

@@ -22,7 +22,7 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
-LIMITS = LimitSettings(max_bytes=1000, http_timeout=5.0, http_max_redirects=3)
+LIMITS = LimitSettings(max_bytes=1000, http_timeout=5.0, http_max_redirects=3, http_allow_private=True)
 PAYLOAD = b"\x89PNG fake image bytes"
 
 
@@ -172,7 +172,7 @@ def test_http_redirects_are_bounded(http_base: str) -> None:
     with pytest.raises(RefusedRef, match="more than 3 redirects"):
         fetch(f"{http_base}/hops/4", LIMITS)
     with pytest.raises(RefusedRef):
-        fetch(f"{http_base}/hops/1", LimitSettings(http_max_redirects=0))
+        fetch(f"{http_base}/hops/1", LimitSettings(http_max_redirects=0, http_allow_private=True))
 
 
 @pytest.mark.parametrize("target", ["file:///etc/passwd", "ftp://127.0.0.1/x.png", "s3://b/k.png"])
@@ -182,7 +182,7 @@ def test_http_redirect_to_refused_scheme(http_base: str, target: str) -> None:
 
 
 def test_http_redirect_to_scheme_not_allowed(http_base: str) -> None:
-    https_only = LimitSettings(allowed_schemes=["http"])  # http allowed, https not
+    https_only = LimitSettings(allowed_schemes=["http"], http_allow_private=True)  # http allowed, https not
     with pytest.raises(RefusedRef, match="refused scheme"):
         fetch(f"{http_base}/to?https://127.0.0.1:1/x.png", https_only)
 
@@ -195,7 +195,7 @@ def test_http_byte_cap(http_base: str) -> None:
 
 
 def test_http_timeouts_are_retryable(http_base: str) -> None:
-    quick = LimitSettings(http_timeout=0.5)
+    quick = LimitSettings(http_timeout=0.5, http_allow_private=True)
     with pytest.raises(StorageUnavailable):
         fetch(f"{http_base}/slow", quick)
     started = time.monotonic()
@@ -207,3 +207,12 @@ def test_http_timeouts_are_retryable(http_base: str) -> None:
 def test_http_connection_refused_is_retryable() -> None:
     with pytest.raises(StorageUnavailable):
         fetch(f"http://127.0.0.1:{free_port()}/x.png", LIMITS)
+
+
+def test_private_addresses_are_refused_unless_allowed(http_base: str) -> None:
+    # loopback stands in for cloud metadata / internal services: refused before connecting
+    with pytest.raises(RefusedRef, match="non-public"):
+        fetch(f"{http_base}/img.png", LimitSettings())
+    with pytest.raises(RefusedRef, match="non-public"):
+        fetch("http://169.254.169.254/latest/meta-data/", LimitSettings())
+    assert fetch(f"{http_base}/img.png", LIMITS)
