@@ -113,13 +113,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
             raise RefusedRef(f"malformed file reference: {text}")
         return _local(Path(unquote(parts.path)), text, limits, base)
     if scheme == "s3":
-        if text[2:5] != "://":
-            raise RefusedRef(f"malformed s3 reference: {text}")
-        # Keys are literal (no percent-decoding; '?' and '#' are part of the key).
-        bucket, _, key = text[5:].partition("/")
-        if not bucket or any(c.isspace() for c in bucket):
-            raise RefusedRef(f"malformed s3 reference: {text}")
-        return Ref("s3", f"s3://{bucket}/{key}", bucket=bucket, key=key)
+        return _s3(text, limits)
     if scheme in ("http", "https"):
         try:
             parts = urlsplit(text)
@@ -130,6 +124,18 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
             raise RefusedRef(f"malformed URL: {text}")
         return Ref("http", text)
     raise RefusedRef(f"scheme {scheme!r} is not supported: {text}")
+
+
+def _s3(text: str, limits: LimitSettings) -> Ref:
+    if text[2:5] != "://":
+        raise RefusedRef(f"malformed s3 reference: {text}")
+    # Keys are literal (no percent-decoding; '?' and '#' are part of the key).
+    bucket, _, key = text[5:].partition("/")
+    if not bucket or any(c.isspace() for c in bucket):
+        raise RefusedRef(f"malformed s3 reference: {text}")
+    if limits.s3_buckets and bucket not in limits.s3_buckets:
+        raise RefusedRef(f"bucket {bucket!r} is not in limits.s3_buckets: {text}")
+    return Ref("s3", f"s3://{bucket}/{key}", bucket=bucket, key=key)
 
 
 @functools.lru_cache(maxsize=64)

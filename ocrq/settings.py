@@ -59,6 +59,8 @@ class LimitSettings(BaseModel):
     max_pages: int = 32
     #: local references must resolve inside one of these roots (empty: the current directory)
     allowed_roots: list[Path] = Field(default_factory=list)
+    #: buckets s3:// references may read (empty: any bucket the credentials can read)
+    s3_buckets: list[str] = Field(default_factory=list)
     #: schemes a reference may use
     allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https"])
     http_timeout: float = 20.0

@@ -246,3 +246,11 @@ def test_fetch_fifo_refused_without_blocking(root: Path, limits: LimitSettings) 
     os.mkfifo(root / "pipe.png")
     with pytest.raises(RefusedRef, match="not a regular file"):
         fetch(str(root / "pipe.png"), limits)
+
+
+def test_s3_bucket_allowlist() -> None:
+    only = LimitSettings(s3_buckets=["scans"])
+    assert parse("s3://scans/a.png", only).bucket == "scans"
+    with pytest.raises(RefusedRef, match="not in limits.s3_buckets"):
+        parse("s3://payroll/a.png", only)
+    assert parse("s3://payroll/a.png", LimitSettings()).key == "a.png"
