@@ -5,6 +5,7 @@
     ocrq status J | results J [--out F] | jobs  follow jobs
     ocrq failed [--job J] | reprocess [--job J] the failed registry, and re-running it
     ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
+    ocrq metrics [--port 9808]                  Prometheus exporter (reads Redis)
     ocrq model make-random --size tiny|full --out DIR   random-weight HunyuanOCR checkpoint
 """
 
@@ -220,6 +221,20 @@ def worker(queues: str | None = typer.Option(None, help="comma-separated queues 
 
     run_worker(_settings(), queues=queues.split(",") if queues else None, concurrency=concurrency,
                hostname=name)
+
+
+@app.command()
+def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"),
+            queues: str | None = typer.Option(None, help="comma-separated queues (default: the configured one)"),
+            ) -> None:
+    """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
+    import redis
+
+    from ocrq.metrics import serve
+
+    settings = _settings()
+    serve(redis.Redis.from_url(settings.redis.url), queues.split(",") if queues else [settings.queue.name],
+          host, port)
 
 
 @model_app.command("make-random")
