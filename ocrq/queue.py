@@ -46,7 +46,5 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
         result_backend_transport_options={"visibility_timeout": settings.redis.visibility_timeout},
         # chunk results are tiny summaries; the real results are in the job index and the store
         result_expires=24 * 3600,
-        task_time_limit=settings.queue.time_limit + 60,
-        task_soft_time_limit=settings.queue.time_limit,
     )
     return app

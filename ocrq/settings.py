@@ -129,7 +129,8 @@ class QueueSettings(BaseModel):
     max_attempts: int = 4
     backoff_base: float = 2.0
     backoff_max: float = 300.0
-    #: soft time limit for one chunk attempt, seconds
+    #: seconds a chunk attempt waits for engine results; images still unfinished then are
+    #: retried as EngineTimeout (Celery's own time limits do not apply to the threads pool)
     time_limit: int = 1800
 
 

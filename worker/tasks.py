@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task
-from celery.exceptions import Reject, Retry, SoftTimeLimitExceeded
+from celery.exceptions import Reject, Retry
 
 from ocrq import keys
 from ocrq.errors import EngineTimeout, OcrqError, classify
@@ -93,9 +94,14 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             if all(was_shared for _, was_shared in subs):
                 shared.add(item_id)
     outputs: dict[str, list[OcrOutput]] = {}
+    # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
+    # an image still in the engine then is retried (its retry joins the same in-flight future)
+    deadline = t0 + ctx.settings.queue.time_limit
     for item_id, page_futures in pending.items():
         try:
-            outputs[item_id] = [f.result() for f in page_futures]
+            outputs[item_id] = [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in page_futures]
+        except FutureTimeout:
+            errors[item_id] = EngineTimeout(f"no engine result within {ctx.settings.queue.time_limit}s")
         except Exception as exc:
             errors[item_id] = classify(exc)
     log.info("→ infer %s images=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
@@ -164,9 +170,6 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         ctx = get_ctx()
         try:
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
-        except SoftTimeLimitExceeded:
-            err = EngineTimeout(f"chunk exceeded {ctx.settings.queue.time_limit}s")
-            report = _retry_all(ctx, chunk, err)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc)
         if report.retry:

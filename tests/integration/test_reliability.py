@@ -117,3 +117,17 @@ def test_prefetch_follows_the_governor_not_the_pool_size(redis_url, redis_client
     assert max(held) <= 2, held
     state = json.loads(redis_client.get(next(redis_client.scan_iter("ocrq:workers:*"))))
     assert state["prefetch"] == 1 and state["mode"] == "fixed"
+
+
+def test_a_slow_engine_times_out_the_attempt_and_the_retry_finishes(redis_url, start_worker, tmp_path):
+    # Given an engine slower than the chunk's time limit
+    word_images(tmp_path / "in", 2)
+    start_worker(sim_env(redis_url, tmp_path, sim={"image_latency_s": 1.5}, OCRQ_QUEUE__TIME_LIMIT="1",
+                         OCRQ_BATCH__MODE="fixed", OCRQ_BATCH__SIZE="2"))
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(tmp_path / "in")], job="slow")
+    # Then the first attempt gives up (EngineTimeout, retryable), a retry picks up the result
+    counts = job.wait(timeout=120)
+    assert counts["done"] == 2, counts
+    assert all(r.attempts >= 2 for r in job.records())
+    assert "retry=2" in (tmp_path / "worker-w1.log").read_text()
