@@ -99,7 +99,10 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     deadline = t0 + ctx.settings.queue.time_limit
     for item_id, page_futures in pending.items():
         try:
-            outputs[item_id] = [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in page_futures]
+            outputs[item_id] = [
+                f.result(timeout=max(0.0, deadline - time.monotonic())).model_copy(update={"page": pg.index})
+                for f, pg in zip(page_futures, prepared[item_id].pages, strict=True)
+            ]
         except FutureTimeout:
             errors[item_id] = EngineTimeout(f"no engine result within {ctx.settings.queue.time_limit}s")
         except Exception as exc:

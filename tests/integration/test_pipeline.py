@@ -143,3 +143,21 @@ def test_s3_prefix_in_results_to_s3(redis_url, start_worker, tmp_path, s3_endpoi
     assert cached["KeyCount"] == 5
     doc = json.loads(s3.get_object(Bucket=bucket, Key=listed["Contents"][0]["Key"])["Body"].read())
     assert doc["record"]["status"] == "done"
+
+
+def test_multi_frame_tiff_gives_one_output_per_page(redis_url, start_worker, tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "in"
+    pages = word_images(tmp_path / "frames", 2, seed=21)
+    frames = [Image.open(p).convert("RGB") for p in sorted(pages)]
+    src.mkdir()
+    frames[0].save(src / "two_pages.tif", save_all=True, append_images=frames[1:])
+    start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path]))
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(src / "two_pages.tif")], job="tiff")
+    assert job.wait(timeout=120)["done"] == 1
+    (result,) = list(job.results())
+    assert result.record.pages == 2 and [o.page for o in result.outputs] == [0, 1]
+    for out, words in zip(result.outputs, [pages[p] for p in sorted(pages)], strict=True):
+        assert all(w in out.text.lower() for w in words), out.text
