@@ -50,12 +50,12 @@ def _requests(images: list[Any], tokens: int) -> list[Any]:
             for i, im in enumerate(images)]
 
 
-def _engine(model: Path, decode: str = "graph") -> Any:
+def _engine(model: Path, decode: str = "graph", dtype: str = "auto") -> Any:
     from ocrq.settings import EngineSettings
     from worker.engines.transformers_engine import TransformersEngine
 
     settings = EngineSettings(kind="transformers", model_dir=model, max_new_tokens=256, repetition_stop=0,
-                              max_pixels=2048 * 2048, extra={"decode": decode, "ignore_eos": True})
+                              max_pixels=2048 * 2048, dtype=dtype, extra={"decode": decode, "ignore_eos": True})
     engine = TransformersEngine(settings)
     engine.start()
     return engine
@@ -250,7 +250,6 @@ def _first_diff(a: list[int], b: list[int]) -> int | None:
 
 
 def decode_bench(engine: Any, steps: int) -> dict[str, Any]:
-    import torch
 
     big = _requests(_images(64, 3), steps)
     same = [r for r in big if r.image.size == (1024, 768)]
@@ -265,7 +264,15 @@ def decode_bench(engine: Any, steps: int) -> dict[str, Any]:
             row["hf_generate_ms"] = round(_hf_generate_step_ms(engine, reqs, 32), 3)
         result["step_ms"].append(row)
         print(row, flush=True)
-    # equivalence: HF generate (its own positions; batch 1, so no cross-row effects) vs the engine
+    result["vs_generate_batch1"] = vs_generate(engine, big)
+    mixed = mixed_requests()
+    return {**result, **invariance(engine, mixed, ("graph", "hf"))}
+
+
+def vs_generate(engine: Any, big: list[Any]) -> list[dict[str, Any]]:
+    """Equivalence: HF generate (its own positions; batch 1, so no cross-row effects) vs the engine."""
+    import torch
+
     singles = [next(r for r in big if r.image.size == s) for s, _ in SIZES]
     gen_match = []
     penalty = engine.sampling.repetition_penalty
@@ -282,9 +289,7 @@ def decode_bench(engine: Any, steps: int) -> dict[str, Any]:
                           "hf_equal": mine["hf"] == ref,
                           "first_diff": _first_diff(mine["graph"], ref),
                           "distinct_tokens": len(set(ref))})
-    result["vs_generate_batch1"] = gen_match
-    mixed = mixed_requests()
-    return {**result, **invariance(engine, mixed, ("graph", "hf"))}
+    return gen_match
 
 
 def mixed_requests() -> list[Any]:
@@ -294,7 +299,7 @@ def mixed_requests() -> list[Any]:
 
 
 def invariance(engine: Any, mixed: list[Any], modes: tuple[str, ...]) -> dict[str, Any]:
-    """bf16 on the GPU: tokens and top-5 logprobs of each image alone vs in one mixed batch, per
+    """On the GPU (engine dtype): tokens and top-5 logprobs of each image alone vs in one mixed batch, per
     decode mode (HF's own path included, as the yardstick), and graph vs hf on the same batch."""
     result: dict[str, Any] = {}
     lps = {}
@@ -303,7 +308,7 @@ def invariance(engine: Any, mixed: list[Any], modes: tuple[str, ...]) -> dict[st
         together = _tokens(engine, mixed, mode, 64)
         lp_alone = [engine.topk_logprobs([r], 5, 16, decode=mode)[0] for r in mixed]
         lps[mode] = engine.topk_logprobs(mixed, 5, 16, decode=mode)
-        result[f"batch_invariance_{mode}_bf16"] = {
+        result[f"batch_invariance_{mode}"] = {
             "images": len(mixed), "equal_rows": sum(a == b for a, b in zip(alone, together, strict=True)),
             "first_diffs": [_first_diff(a, b) for a, b in zip(alone, together, strict=True)],
             "top5_max_abs_logprob_diff": _lp_diff(lp_alone, lps[mode])}
@@ -356,7 +361,8 @@ def report(runs_path: Path, decode_path: Path | None, out_dir: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=["decode", "invariance", "runs", "report"])
+    ap.add_argument("command", choices=["decode", "invariance", "parity", "runs", "report"])
+    ap.add_argument("--dtype", default="auto", help="engine dtype (parity: float32 separates rounding from bugs)")
     ap.add_argument("--model", type=Path, default=Path("/tmp/hunyuan-full"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cap-gb", type=float, default=24.0)
@@ -372,7 +378,13 @@ def main() -> None:
         return
     _checkpoint(args.model)
     _cap(args.cap_gb)
-    engine = _engine(args.model)
+    engine = _engine(args.model, dtype=args.dtype)
+    if args.command == "parity":
+        parity = {"dtype": args.dtype, "vs_generate_batch1": vs_generate(engine, _requests(_images(64, 3), 64)),
+                  **invariance(engine, mixed_requests(), ("graph", "hf"))}
+        args.out.write_text(json.dumps(parity, indent=2))
+        print(json.dumps(parity), flush=True)
+        return
     if args.command == "invariance":
         args.out.write_text(json.dumps(invariance(engine, mixed_requests(), ("graph", "hf")), indent=2))
         return
