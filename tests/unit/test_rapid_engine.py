@@ -15,7 +15,8 @@ from ocrq.errors import BadImage, EngineCrashed, OcrqError
 from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines.base import Engine, OcrRequest
-from worker.engines.rapid import RapidOcrEngine, _reading_order
+from worker.engines.rapid import RapidOcrEngine
+from worker.engines.reading_order import reading_order
 
 IMAGES = Path(__file__).resolve().parents[2] / "examples" / "images"
 EXPECTED: dict[str, list[str]] = json.loads((IMAGES / "expected.json").read_text(encoding="utf-8"))
@@ -184,7 +185,7 @@ def test_reading_order_columns_and_rows() -> None:
         y = 80 + 40 * i
         page.append(box_line(f"left column line number {i}", 100, y, 480, y + 30))
         page.append(box_line(f"right column line number {i}", 520, y + 5, 900, y + 35))
-    rows = [" ".join(line.text for line in row) for row in _reading_order(page)]
+    rows = [" ".join(line.text for line in row) for row in reading_order(page)]
     assert rows[0] == "A Heading Across Both Columns"
     assert rows[1:7] == [f"left column line number {i}" for i in range(6)]
     assert rows[7:] == [f"right column line number {i}" for i in range(6)]
@@ -195,7 +196,7 @@ def test_reading_order_columns_and_rows() -> None:
         y = 40 * i
         receipt.append(box_line(f"Item number {i}", 20, y, 260, y + 30))
         receipt.append(box_line(f"{i}.99", 400, y, 470, y + 30))
-    rows = [" ".join(line.text for line in row) for row in _reading_order(receipt)]
+    rows = [" ".join(line.text for line in row) for row in reading_order(receipt)]
     assert rows == [f"Item number {i} {i}.99" for i in range(6)]
 
     # a photo tilted ~5 degrees: the right end of a row sits as high as the next row's left end
@@ -204,5 +205,5 @@ def test_reading_order_columns_and_rows() -> None:
         y = 100 + 30 * i
         tilted.append(box_line(f"name {i}", 0, y, 300, y + 24, tilt=26))
         tilted.append(box_line(f"{i}.00", 500, y - 44, 580, y - 20, tilt=7))
-    rows = [" ".join(line.text for line in row) for row in _reading_order(tilted)]
+    rows = [" ".join(line.text for line in row) for row in reading_order(tilted)]
     assert rows == [f"name {i} {i}.00" for i in range(5)]
