@@ -13,10 +13,15 @@ from pathlib import Path
 import pytest
 
 from producer.client import Client
-from tests.conftest import free_port
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env
-from tests.integration.vllm_support import engine_settings, require_vllm, tiny_checkpoint, vllm_env
+from tests.integration.vllm_support import (
+    engine_settings,
+    require_vllm,
+    running_server,
+    tiny_checkpoint,
+    vllm_env,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -63,20 +68,8 @@ def test_in_process_vllm_engine_in_a_worker(redis_url, start_worker, tmp_path, c
 
 @pytest.fixture(scope="module")
 def server(checkpoint: Path, venv_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from worker.engines.vllm_launcher import launch_server, stop_server
-
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-worker-server") / "server.log"
-    with log_path.open("wb") as log_file:
-        try:
-            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=venv_env,
-                                 log_file=log_file, ready_timeout=240)
-        except (RuntimeError, TimeoutError):
-            pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")
-        try:
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            stop_server(proc)
+    with running_server(checkpoint, venv_env, tmp_path_factory.mktemp("vllm-worker-server")) as url:
+        yield url
 
 
 def test_vllm_server_engine_in_a_worker(redis_url, start_worker, tmp_path, checkpoint, server, venv_env):

@@ -7,7 +7,6 @@ to misbehave on cue.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.integration.vllm_support import (
     make_images,
     requests_for,
     require_vllm,
+    running_server,
     tiny_checkpoint,
     transformers_reference,
     vllm_env,
@@ -56,28 +56,9 @@ def reference(checkpoint: Path, env: dict[str, str], tmp_path_factory: pytest.Te
 def server(
     checkpoint: Path, env: dict[str, str], reference: list[Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """A real server; yields its /v1 URL. Its log is printed if it fails to start."""
-    import time
-
-    from worker.engines.vllm_launcher import launch_server, stop_server
-
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    t0 = time.perf_counter()
-    with log_path.open("wb") as log_file:
-        try:
-            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=env,
-                                 log_file=log_file, ready_timeout=240)
-        except (RuntimeError, TimeoutError):
-            pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")
-        print(f"\nvLLM server ready after {time.perf_counter() - t0:.1f}s")
-        try:
-            yield f"http://127.0.0.1:{port}/v1"
-        finally:
-            stop_server(proc)
-    assert proc.poll() is not None
-    group = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert not group, f"server process group left behind: {group}"
+    """A real server (after the transformers reference, which needs the CPU to itself)."""
+    with running_server(checkpoint, env, tmp_path_factory.mktemp("vllm-server")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -172,3 +172,32 @@ def _reference_main(model_dir: str, seed: str, out: str) -> None:
 
 if __name__ == "__main__":
     _reference_main(*sys.argv[1:4])
+
+
+@contextmanager
+def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path) -> Iterator[str]:
+    """A real ``vllm.entrypoints.openai.api_server`` on a free loopback port; yields its /v1 URL,
+    fails the test with the server's log if it does not start, and checks on exit that the
+    whole process group is gone."""
+    import time
+
+    from tests.conftest import free_port
+    from worker.engines.vllm_launcher import launch_server, stop_server
+
+    port = free_port()
+    log_path = log_dir / "server.log"
+    t0 = time.perf_counter()
+    with log_path.open("wb") as log_file:
+        try:
+            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=env,
+                                 log_file=log_file, ready_timeout=240)
+        except (RuntimeError, TimeoutError):
+            pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")
+        print(f"\nvLLM server ready after {time.perf_counter() - t0:.1f}s")
+        try:
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            stop_server(proc)
+    assert proc.poll() is not None
+    group = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert not group, f"server process group left behind: {group}"
