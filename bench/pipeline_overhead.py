@@ -112,7 +112,8 @@ def main() -> None:
     n = args.images
     table = ("| path | images | seconds | img/s |\n|---|---|---|---|\n"
              f"| RapidOCR directly (decode + infer, batches of 4) | {n} | {t_direct:.2f} | {n / t_direct:.2f} |\n"
-             f"| ocrq: submit → Redis → worker → store → results read back | {n} | {t_queue:.2f} | {n / t_queue:.2f} |\n")
+             f"| ocrq: submit → Redis → worker → store → results read back | {n} | {t_queue:.2f} | "
+             f"{n / t_queue:.2f} |\n")
     overhead = (t_queue / t_direct - 1) * 100
     print(table + f"\nqueue overhead: {overhead:+.1f}%")
     if args.out:
