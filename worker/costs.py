@@ -99,11 +99,7 @@ class ModelProfile:
         found under text_config/llm_config/... at any depth, or at the top level.
         ``weight_bytes``: the engine's measured figure; else estimated from the config."""
         text = _text_section(cfg)
-        layers = _need(text, "num_hidden_layers", "num_layers", "n_layer")
-        heads = _need(text, "num_attention_heads", "n_head")
-        hidden = _need(text, "hidden_size", "d_model", "n_embd")
-        kv_heads = _get(text, "num_key_value_heads", "num_kv_heads") or heads
-        head_dim = _get(text, "head_dim", "attention_head_dim") or hidden // heads
+        layers, _heads, _hidden, kv_heads, head_dim = _attention_dims(text)
         kv = layers * kv_heads * head_dim * 2 * dtype_bytes  # K and V
         if weight_bytes is None:
             weight_bytes = estimate_parameters(cfg) * dtype_bytes
@@ -121,11 +117,7 @@ def estimate_parameters(cfg: Mapping[str, Any]) -> int:
     """Rough parameter count (text decoder with gated MLP + ViT encoder + patch merger), for a
     weight-bytes prior when the engine has not measured its weights. HunyuanOCR-1.5: ~0.98 B."""
     text = _text_section(cfg)
-    hidden = _need(text, "hidden_size", "d_model", "n_embd")
-    heads = _need(text, "num_attention_heads", "n_head")
-    layers = _need(text, "num_hidden_layers", "num_layers", "n_layer")
-    kv_heads = _get(text, "num_key_value_heads", "num_kv_heads") or heads
-    head_dim = _get(text, "head_dim", "attention_head_dim") or hidden // heads
+    layers, heads, hidden, kv_heads, head_dim = _attention_dims(text)
     inter = _get(text, "intermediate_size", "ffn_dim") or 4 * hidden
     vocab = _get(text, "vocab_size") or 0
     tied = bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
@@ -140,6 +132,16 @@ def estimate_parameters(cfg: Mapping[str, Any]) -> int:
         total += (_get(vision, "num_hidden_layers", "depth") or 0) * (4 * vh * vh + 2 * vh * vi)
         total += 3 * patch * patch * vh + 16 * vh * vh + 4 * vh * out  # patch embed + merger
     return int(total)
+
+
+def _attention_dims(text: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """(layers, heads, hidden, kv_heads, head_dim) of a text backbone's config section."""
+    layers = _need(text, "num_hidden_layers", "num_layers", "n_layer")
+    heads = _need(text, "num_attention_heads", "n_head")
+    hidden = _need(text, "hidden_size", "d_model", "n_embd")
+    kv_heads = _get(text, "num_key_value_heads", "num_kv_heads") or heads
+    head_dim = _get(text, "head_dim", "attention_head_dim") or hidden // heads
+    return layers, heads, hidden, kv_heads, head_dim
 
 
 def _get(section: Mapping[str, Any], *keys: str) -> int | None:

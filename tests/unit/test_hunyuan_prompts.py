@@ -100,13 +100,3 @@ def test_vision_tokens_and_cost() -> None:
     assert 5 < cost.prompt_tokens < 30
 
 
-def test_checkpoint_numbers_from_the_real_config() -> None:
-    from worker.checkpoint import _config
-
-    nums = hunyuan.checkpoint_numbers(_config("full"))
-    assert nums.kv_bytes_per_token == 24 * 8 * 128 * 2 * 2 == 98_304
-    assert nums.params == 996_208_112  # counted in the saved safetensors of a full checkpoint
-    assert nums.weight_bytes == 2 * nums.params
-    tiny = hunyuan.checkpoint_numbers(_config("tiny"), dtype="float32")
-    assert tiny.params == 1_691_200  # as counted on the loaded tiny model
-    assert tiny.head_dim == 32 and tiny.kv_bytes_per_token == 2 * 2 * 32 * 2 * 4

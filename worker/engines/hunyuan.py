@@ -287,61 +287,6 @@ def cost(request: OcrRequest, settings: EngineSettings) -> ImageCost:
     )
 
 
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
-
-
-@dataclass(frozen=True)
-class CheckpointNumbers:
-    """What a memory model needs from a checkpoint's config."""
-
-    params: int
-    weight_bytes: int
-    kv_bytes_per_token: int
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    vision_hidden: int
-    vision_layers: int
-
-
-def checkpoint_numbers(config: Mapping[str, Any] | Path | str, dtype: str | None = None) -> CheckpointNumbers:
-    """Numbers from a config.json (dict or model dir), flat (Tencent) or nested (transformers) layout.
-    KV bytes/token = layers · kv_heads · head_dim · 2 (K and V) · dtype bytes."""
-    if isinstance(config, Mapping):
-        cfg: Mapping[str, Any] = config
-    else:
-        path = Path(config)
-        cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8"))
-    text = {**cfg, **(cfg.get("text_config") or {})}
-    vis = cfg.get("vision_config") or {}
-    h, layers = int(text["hidden_size"]), int(text["num_hidden_layers"])
-    heads = int(text["num_attention_heads"])
-    kv = int(text.get("num_key_value_heads") or heads)
-    hd = int(text.get("head_dim") or text.get("attention_head_dim") or h // heads)
-    inter, vocab = int(text["intermediate_size"]), int(text["vocab_size"])
-    nbytes = _DTYPE_BYTES.get(dtype or str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"), 2)
-    per_layer = h * hd * (2 * heads + 2 * kv) + 3 * h * inter + 2 * h + 2 * hd
-    text_params = vocab * h + layers * per_layer + h
-    if not text.get("tie_word_embeddings", True):
-        text_params += vocab * h
-    vh, vi, vl = int(vis.get("hidden_size", 1152)), int(vis.get("intermediate_size", 4304)), int(
-        vis.get("num_hidden_layers", 27))
-    patch, merge = int(vis.get("patch_size", 16)), int(vis.get("spatial_merge_size", 2))
-    positions = (int(vis.get("max_image_size", 2048)) // patch) ** 2 + 1
-    vision_params = (
-        3 * patch * patch * vh + vh + positions * vh
-        + vl * (4 * (vh * vh + vh) + 2 * vh * vi + vi + vh + 4 * vh)
-        + vh * 2 * vh * merge * merge + 2 * vh + 2 * vh * 4 * vh + 4 * vh + 4 * vh * h + h
-        + 4 * vh + 3 * h + vh + h
-    )
-    params = text_params + vision_params
-    return CheckpointNumbers(
-        params=params, weight_bytes=params * nbytes, kv_bytes_per_token=layers * kv * hd * 2 * nbytes,
-        layers=layers, kv_heads=kv, head_dim=hd, dtype_bytes=nbytes, vision_hidden=vh, vision_layers=vl,
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # processor loading (torchvision-free)
 # ---------------------------------------------------------------------------------------------
