@@ -22,6 +22,7 @@ from tests.integration.vllm_support import (
     STEPS,
     TOL,
     K,
+    assert_batch_invariant,
     compare,
     engine_settings,
     flask_proxies_bound,
@@ -102,15 +103,7 @@ def test_infer_returns_one_output_per_image_and_stops_loops(engine: Any) -> None
 
 
 def test_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
-    reqs = requests_for(make_images(0))
-    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
-    batched = engine.topk_logprobs(reqs, K, STEPS)
-    for i, (a, b, h) in enumerate(zip(alone, batched, reference, strict=True)):
-        d_batch, miss_batch = compare(a, b)
-        d_hf, miss_hf = compare(a, h)
-        print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
-        assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
-        assert miss_hf == 0 and d_hf <= TOL, (i, d_hf, miss_hf)
+    assert_batch_invariant(engine, reference)
 
 
 def test_without_the_split_fix_batches_change_results(engine: Any) -> None:

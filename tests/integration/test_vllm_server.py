@@ -18,10 +18,7 @@ from ocrq.errors import BadRequest, EngineTimeout, StorageUnavailable
 from ocrq.results import OcrOutput
 from tests.conftest import free_port
 from tests.integration.vllm_support import (
-    STEPS,
-    TOL,
-    K,
-    compare,
+    assert_batch_invariant,
     engine_settings,
     make_images,
     requests_for,
@@ -85,15 +82,7 @@ def test_infer_through_the_server_skips_the_dead_endpoint(engine: Any, server: s
 
 
 def test_server_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
-    reqs = requests_for(make_images(0))
-    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
-    batched = engine.topk_logprobs(reqs, K, STEPS)
-    for i, (a, b, h) in enumerate(zip(alone, batched, reference, strict=True)):
-        d_batch, miss_batch = compare(a, b)
-        d_hf, miss_hf = compare(a, h)
-        print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
-        assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
-        assert miss_hf == 0 and d_hf <= TOL, (i, d_hf, miss_hf)
+    assert_batch_invariant(engine, reference)
 
 
 def test_a_request_the_server_rejects_is_a_bad_request(engine: Any) -> None:

@@ -201,3 +201,17 @@ def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path) -> Iter
     assert proc.poll() is not None
     group = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert not group, f"server process group left behind: {group}"
+
+
+def assert_batch_invariant(engine: Any, reference: list[Topk], seed: int = 0) -> None:
+    """The invariant, for any engine with ``topk_logprobs``: each image's per-step top-k
+    logprobs are the same alone and in one mixed-size batch, and equal transformers'."""
+    reqs = requests_for(make_images(seed))
+    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+    batched = engine.topk_logprobs(reqs, K, STEPS)
+    for i, (a, b, h) in enumerate(zip(alone, batched, reference, strict=True)):
+        d_batch, miss_batch = compare(a, b)
+        d_hf, miss_hf = compare(a, h)
+        print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
+        assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
+        assert miss_hf == 0 and d_hf <= TOL, (i, d_hf, miss_hf)
