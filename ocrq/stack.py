@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,8 +87,11 @@ class Stack:
         env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var)}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
+        node = f"embedded@{socket.gethostname()}"
         if not self.pid("worker"):
-            self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker"], env)
+            # a state key left by a worker of the same name that died < 60 s ago is not readiness
+            redis.Redis.from_url(url).delete(keys.worker_state(node))
+            self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker", "--name", node], env)
         status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
         if not self.pid("flower"):
             self._spawn("flower", [
@@ -95,7 +99,7 @@ class Stack:
                 f"--port={self.settings.flower_port}", "--address=127.0.0.1",
             ], {"FLOWER_UNAUTHENTICATED_API": "true"})
         status["flower"] = f"http://127.0.0.1:{self.settings.flower_port}"
-        self.wait_worker(wait)
+        self.wait_worker(node, wait)
         return status
 
     def _start_redis(self, url: str) -> str:
@@ -117,12 +121,12 @@ class Stack:
             time.sleep(0.1)
         return f"started {binary} on {url}"
 
-    def wait_worker(self, timeout: float) -> None:
-        """Ready = the worker published its engine/governor state (engine started, consuming)."""
+    def wait_worker(self, node: str, timeout: float) -> None:
+        """Ready = this worker published its engine/governor state (engine started, consuming)."""
         client = redis.Redis.from_url(self.settings.redis.url)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if any(True for _ in client.scan_iter(keys.worker_state("*"), count=100)):
+            if client.exists(keys.worker_state(node)):
                 return
             if not self.pid("worker"):
                 raise RuntimeError(f"worker exited; see {self.log_dir / 'worker.log'}")

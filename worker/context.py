@@ -76,19 +76,13 @@ def build_context(settings: Settings) -> WorkerContext:
     )
     loop.start()
     client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
-    s3 = make_s3_client(settings.store) if settings.store.kind == "s3" else None
+    # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
+    s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)
     pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
     return WorkerContext(
-        settings=settings, redis=client, s3_client=s3 or _lazy_s3(settings), store=store,
+        settings=settings, redis=client, s3_client=s3, store=store,
         cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
     )
 
-
-def _lazy_s3(settings: Settings) -> Any:
-    """s3:// refs can be read even when results go to the local store."""
-    try:
-        return make_s3_client(settings.store)
-    except Exception:  # boto3 missing or misconfigured: s3 refs then fail as StorageUnavailable
-        return None
