@@ -84,6 +84,8 @@ class PeakTracker:
         self.engine = engine
         self.peak = 0
         self.reserved = 0
+        #: per batch: images, wall s, prefill s, decode s, peak allocated GiB (None: it failed)
+        self.batches: list[list[Any]] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
@@ -101,9 +103,19 @@ class PeakTracker:
         torch.cuda.reset_peak_memory_stats()
 
     def infer(self, batch: Any) -> Any:
+        import torch
+
+        t0 = time.perf_counter()
+        row: list[Any] = [len(batch), None, None, None, None]
         try:
-            return self.engine.infer(batch)
+            outs = self.engine.infer(batch)
+            meta = next((o.meta for o in outs if hasattr(o, "meta")), {})
+            row[2:4] = [meta.get("prefill_s"), meta.get("decode_s")]
+            row[4] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+            return outs
         finally:
+            row[1] = round(time.perf_counter() - t0, 3)
+            self.batches.append(row)
             self.note()
 
 
@@ -145,10 +157,14 @@ def run_static(engine: Any, reqs: list[Any], batch: int, min_images: int, budget
     return {"mode": "static", "batch": batch, "images": done, "prefix_only": done < len(reqs),
             "img_per_s": round(ok / elapsed, 3), "elapsed_s": round(elapsed, 2),
             "peak_gb": round(tracker.peak / GIB, 2), "reserved_peak_gb": round(tracker.reserved / GIB, 2),
-            "oom_events": ooms, "failed": failed}
+            "oom_events": ooms, "failed": failed, "batches": tracker.batches}
 
 
-def run_governor(engine: Any, reqs: list[Any], cap_gb: float) -> dict[str, Any]:
+def run_governor(
+    engine: Any, reqs: list[Any], cap_gb: float, snapshot: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The governor as a worker runs it; ``snapshot``: what an earlier worker on this model,
+    settings and device saved (a restarted worker loads it from Redis), else a cold start."""
     import torch
 
     from ocrq.settings import BatchSettings
@@ -163,6 +179,8 @@ def run_governor(engine: Any, reqs: list[Any], cap_gb: float) -> dict[str, Any]:
     settings = BatchSettings(mode="auto", max_size=128, headroom=0.10, memory_cap_bytes=int(cap_gb * GIB))
     probe = NvmlProbe.for_current_device()
     governor = Governor.from_settings(settings, tracker, probe)
+    if snapshot is not None:
+        governor.restore(json.loads(json.dumps(snapshot)))  # as it travels through Redis
     loop = EngineLoop(tracker, governor, probe, linger_s=0.02, oom_retries=3)
     t0 = time.perf_counter()
     loop.start()
@@ -180,11 +198,13 @@ def run_governor(engine: Any, reqs: list[Any], cap_gb: float) -> dict[str, Any]:
     state = loop.state()
     loop.stop()
     tracker.note()
-    return {"mode": "governor", "batch": None, "images": len(reqs), "prefix_only": False,
+    return {"mode": "governor", "batch": None, "start": "warm" if snapshot else "cold",
+            "images": len(reqs), "prefix_only": False,
             "img_per_s": round(ok / elapsed, 3), "elapsed_s": round(elapsed, 2),
             "peak_gb": round(tracker.peak / GIB, 2), "reserved_peak_gb": round(tracker.reserved / GIB, 2),
             "oom_events": int(state.get("oom_events", 0)), "failed": failed, "all_256_tokens": tokens_ok,
-            "governor_state": json.loads(json.dumps(state, default=str))}
+            "governor_state": json.loads(json.dumps(state, default=str)), "batches": tracker.batches,
+            "snapshot": governor.snapshot()}
 
 
 def seeds_table(engine: Any, batches: list[int]) -> list[dict[str, Any]]:
@@ -343,7 +363,8 @@ def report(runs_path: Path, decode_path: Path | None, out_dir: Path) -> None:
     except ImportError:
         return
     runs = data["runs"]
-    labels = [f"static {r['batch']}" if r["mode"] == "static" else "governor" for r in runs]
+    labels = [f"static {r['batch']}" if r["mode"] == "static" else f"governor ({r.get('start', 'cold')})"
+              for r in runs]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     colors = ["C0" if r["failed"] == 0 else "C3" for r in runs]
     ax[0].bar(labels, [r["img_per_s"] for r in runs], color=colors)
@@ -399,9 +420,13 @@ def main() -> None:
     result: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "seed": args.seed,
                               "new_tokens": 256, "decode": engine.decode_mode, "runs": []}
     if args.governor:  # first: it is the run the table exists for, should the command be cut short
-        result["runs"].append(run_governor(engine, reqs, args.cap_gb))
-        print({k: v for k, v in result["runs"][-1].items() if k != "governor_state"}, flush=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        snapshot = None
+        for _ in ("cold", "warm"):  # warm: a restarted worker, continuing from the cold run's snapshot
+            run = run_governor(engine, reqs, args.cap_gb, snapshot)
+            snapshot = run.pop("snapshot")
+            result["runs"].append(run)
+            print({k: v for k, v in run.items() if k != "governor_state"}, flush=True)
+            args.out.write_text(json.dumps(result, indent=2))
     for b in [int(x) for x in args.batches.split(",") if x]:
         budget = args.budget_s if b <= args.budget_upto else 1e9
         result["runs"].append(run_static(engine, reqs, b, 16, budget))
@@ -409,7 +434,7 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=2))
     if args.seeds:
         result["seeds_1024x768"] = seeds_table(engine, [1, 2, 4, 8, 16, 32, 64])
-    print(result["seeds_1024x768"], flush=True)
+        print(result["seeds_1024x768"], flush=True)
     args.out.write_text(json.dumps(result, indent=2))
 
 

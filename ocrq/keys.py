@@ -10,6 +10,7 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:failed                       ZSET  "{job}/{image id}" -> failed at (epoch s)   no TTL
     ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
     ocrq:workers:{hostname}           HASH  governor/engine state for metrics      60 s, refreshed
+    ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
 
 Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
 
@@ -53,6 +54,16 @@ def worker_state(hostname: str) -> str:
     return f"{PREFIX}workers:{hostname}"
 
 
+def governor_profile(fingerprint: str) -> str:
+    """Where workers keep what their governor learned, shared by every worker whose model,
+    engine settings and device capacity hash to ``fingerprint`` (``governor_fingerprint``)."""
+    return f"{PREFIX}governor:{fingerprint}"
+
+
+#: how long a governor snapshot outlives the last worker that refreshed it
+GOVERNOR_PROFILE_TTL_S = 30 * 86400
+
+
 def failed_member(job_name: str, image_id: str) -> str:
     return f"{job_name}/{image_id}"
 
@@ -83,6 +94,13 @@ def image_id(job_name: str, ref: str) -> str:
 
 def chunk_id(job_name: str, first_image_id: str, n: int) -> str:
     return _sha(job_name, first_image_id, str(n))[:32]
+
+
+def governor_fingerprint(revision: str, engine_settings: Mapping[str, Any], capacity_bytes: int | None) -> str:
+    """Memory behaviour is a function of the weights, the engine settings (tokens, pixels, decode
+    mode, chunking) and the device size: any change starts a fresh calibration."""
+    blob = json.dumps([revision, dict(engine_settings), capacity_bytes], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def params_digest(params: Mapping[str, Any]) -> str:

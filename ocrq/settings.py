@@ -88,6 +88,8 @@ class EngineSettings(BaseModel):
     #: vLLM knobs (in-process engine)
     max_model_len: int = 8192
     max_num_seqs: int = 64
+    #: prompt tokens per forward pass: vLLM's scheduler budget; the transformers engine prefills
+    #: a micro-batch in chunks of rows within it (bounds the vision tower's activation peak)
     max_num_batched_tokens: int = 16384
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = False

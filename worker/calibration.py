@@ -11,7 +11,9 @@ and grows at once when the engine surprises us.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: a measured peak below this fraction of the prediction is suspect
 _LOW_GLITCH = 0.5
@@ -104,6 +106,37 @@ class Calibrator:
     def add_lower_bound(self, tokens: float, peak: float) -> None:
         if tokens > 0 and peak > 0:
             self._points.append(_Point(float(tokens), peak, censored=True))
+            self._refit()
+
+    def snapshot(self) -> dict[str, Any]:
+        """What was learned, as plain JSON-able data (``restore`` takes it back)."""
+        return {
+            "points": [[p.tokens, p.peak, p.censored] for p in self._points],
+            "surprises": list(self._surprises),
+            "errors": list(self._errors),
+            "observations": self.observations,
+        }
+
+    def restore(self, snap: Mapping[str, Any]) -> None:
+        """Continue from a ``snapshot`` (a restarted worker on the same model and device).
+        Malformed data raises ValueError and leaves the calibrator as it was."""
+        try:
+            points = [_Point(float(t), float(peak), bool(c)) for t, peak, c in snap["points"]]
+            surprises = [float(x) for x in snap.get("surprises", [])]
+            errors = [float(x) for x in snap.get("errors", [])]
+            observations = int(snap["observations"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad calibration snapshot: {exc}") from exc
+        if any(p.tokens <= 0 or p.peak <= 0 for p in points) or observations < 0:
+            raise ValueError("bad calibration snapshot: non-positive values")
+        self._points.clear()
+        self._points.extend(points)
+        self._surprises.clear()
+        self._surprises.extend(surprises)
+        self._errors.clear()
+        self._errors.extend(errors)
+        self.observations = observations
+        if points:
             self._refit()
 
     def _refit(self) -> None:

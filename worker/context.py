@@ -3,6 +3,7 @@ import time), shared by the chunk tasks running in the threads pool."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,6 +12,7 @@ from typing import Any
 
 import redis
 
+from ocrq import keys
 from ocrq.jobs import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import Settings
@@ -32,6 +34,9 @@ class WorkerContext:
     engine: Engine
     loop: Any  # worker.batcher.EngineLoop
     fetch_pool: ThreadPoolExecutor
+    #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
+    governor_key: str | None = None
+    _saved_observations: int = -1
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -52,6 +57,16 @@ class WorkerContext:
         with self._lock:
             self._inflight.pop(key, None)
 
+    def save_governor(self) -> None:
+        """Persist what the governor learned, when it learned something new (the key's TTL is
+        refreshed then too)."""
+        governor = self.loop.governor
+        seen = governor.calibrator.observations
+        if self.governor_key is None or seen in (0, self._saved_observations):
+            return
+        self.redis.set(self.governor_key, json.dumps(governor.snapshot()), ex=keys.GOVERNOR_PROFILE_TTL_S)
+        self._saved_observations = seen
+
     def close(self) -> None:
         self.loop.stop(timeout=30)
         self.engine.close()
@@ -70,12 +85,13 @@ def build_context(settings: Settings) -> WorkerContext:
     log.info("engine %s ready: revision %s", engine.name, engine.revision)
     probe = NvmlProbe.for_current_device()
     governor = Governor.from_settings(settings.batch, engine, probe)
+    client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
+    governor_key = restore_governor(governor, client, settings, engine.revision)
     loop = EngineLoop(
         engine, governor, probe,
         linger_s=settings.batch.linger_ms / 1000, oom_retries=settings.batch.oom_retries,
     )
     loop.start()
-    client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)
@@ -84,5 +100,24 @@ def build_context(settings: Settings) -> WorkerContext:
         settings=settings, redis=client, s3_client=s3, store=store,
         cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
+        governor_key=governor_key,
     )
+
+
+def restore_governor(governor: Any, client: Any, settings: Settings, revision: str) -> str | None:
+    """Load the snapshot earlier workers saved for this model, engine settings and device size;
+    returns the key to save to (None in fixed mode). A missing, unreadable or malformed snapshot
+    means a cold start, never a failed worker."""
+    if governor.mode != "auto":
+        return None
+    engine = settings.engine.model_dump(mode="json", exclude={"endpoints", "request_timeout"})
+    key = keys.governor_profile(keys.governor_fingerprint(revision, engine, governor.capacity))
+    try:
+        raw = client.get(key)
+        if raw is not None and governor.restore(json.loads(raw)):
+            log.info("governor restored from %s: %s batches, limit %s", key,
+                     governor.calibrator.observations, governor.count_limit())
+    except (redis.RedisError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        log.warning("governor snapshot %s ignored: %s", key, exc)
+    return key
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from worker.calibration import Calibrator
@@ -134,6 +134,7 @@ class Governor:
         self._last_predicted: int | None = None
         self._last_measured: int | None = None
         self._image_tokens: float | None = None
+        self._restored = 0
         self._lock = threading.RLock()
 
     @classmethod
@@ -361,6 +362,29 @@ class Governor:
                 self._streak = 0
                 self._limited = False
 
+    # ---- persistence ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The learned memory model and count limit, JSON-able. A worker saves it in Redis so its
+        next start on the same model, settings and device skips the slow start."""
+        with self._lock:
+            return {"version": 1, "calibration": self.calibrator.snapshot(),
+                    "limit": self._limit, "slow_start": self._slow_start}
+
+    def restore(self, snap: Mapping[str, Any]) -> bool:
+        """Continue from a ``snapshot``. The count limit is trusted only when the snapshot holds
+        at least the calibrator's warm-up of measured batches; OOM history (boost) is not carried
+        over. Returns whether anything was restored; malformed data raises ValueError."""
+        with self._lock:
+            if self.mode != "auto" or snap.get("version") != 1:
+                return False
+            self.calibrator.restore(snap["calibration"])
+            if self.calibrator.observations >= self.calibrator.warmup:
+                self._limit = max(1, min(self._hard, int(snap["limit"])))
+                self._slow_start = bool(snap["slow_start"])
+            self._restored = self.calibrator.observations
+            return True
+
     # ---- read-outs --------------------------------------------------------------------------
 
     def typical_batch(self) -> int:
@@ -399,4 +423,5 @@ class Governor:
                 "calibration_error": self.calibrator.error(),
                 "observations": self.calibrator.observations,
                 "rejected_peaks": self.calibrator.rejected,
+                "restored_observations": self._restored,
             }

@@ -71,7 +71,8 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 st["prefetch"] = prefetch
                 key = keys.worker_state(self.hostname)
                 ctx.redis.set(key, json.dumps(st, default=str), ex=60)
-            except Exception:  # metrics are best effort
+                ctx.save_governor()
+            except Exception:  # metrics and the snapshot are best effort
                 log.debug("worker state publish failed", exc_info=True)
 
     return GovernorPrefetch

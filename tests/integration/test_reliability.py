@@ -131,3 +131,32 @@ def test_a_slow_engine_times_out_the_attempt_and_the_retry_finishes(redis_url, s
     assert counts["done"] == 2, counts
     assert all(r.attempts >= 2 for r in job.records())
     assert "retry=2" in (tmp_path / "worker-w1.log").read_text()
+
+
+def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, redis_client, start_worker,
+                                                                     tmp_path):
+    # Given a worker whose governor calibrated on a job
+    word_images(tmp_path / "in", 16)
+    env = sim_env(redis_url, tmp_path, sim={"noise": 0.02})
+    first = start_worker(env, name="a")
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 queue={"chunk_size": 4}))
+    assert client.submit([str(tmp_path / "in")], job="learn").wait(timeout=120)["done"] == 16
+    deadline = time.monotonic() + 10
+    while not (found := list(redis_client.scan_iter("ocrq:governor:*"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(found) == 1, found
+    saved = json.loads(redis_client.get(found[0]))
+    learned = saved["calibration"]["observations"]
+    assert learned >= 1 and saved["calibration"]["points"]
+    # When it stops and a new worker with the same model and settings starts
+    os.killpg(first.pid, signal.SIGTERM)
+    first.wait(30)
+    start_worker(env, name="b")
+    # Then the new worker's governor starts from that calibration, not from the priors
+    state_key = f"ocrq:workers:b@{os.uname().nodename}"
+    deadline = time.monotonic() + 10
+    while (raw := redis_client.get(state_key)) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    state = json.loads(raw)
+    assert state["restored_observations"] == learned and state["observations"] == learned

@@ -104,6 +104,27 @@ def test_batch_invariance(engine, requests_, decode: str) -> None:
     assert worst < TOLERANCE, worst
 
 
+@pytest.mark.parametrize("decode", ["hf", "static"])
+def test_chunked_prefill_equals_one_pass(engine, requests_, decode: str) -> None:
+    """A prefill split into one chunk per row (its KV copied into the batch's cache at the row's
+    own offset) gives the same logprobs as the batch prefilled in one pass."""
+    from worker.engines.transformers_engine import prefill_chunks
+
+    lengths = [900] * len(requests_)
+    assert len(prefill_chunks(lengths, engine.settings.max_num_batched_tokens)) == 1
+    one_pass = engine.topk_logprobs(requests_, k=5, steps=8, decode=decode)
+    saved = engine.settings
+    engine.settings = saved.model_copy(update={"max_num_batched_tokens": 1})
+    try:
+        chunked = engine.topk_logprobs(requests_, k=5, steps=8, decode=decode)
+    finally:
+        engine.settings = saved
+    for a, b in zip(one_pass, chunked, strict=True):
+        for step_a, step_b in zip(a, b, strict=True):
+            assert [t for t, _ in step_a] == [t for t, _ in step_b]
+            assert max(abs(x[1] - y[1]) for x, y in zip(step_a, step_b, strict=True)) < TOLERANCE
+
+
 def test_static_decode_matches_hf_forward(engine, requests_) -> None:
     hf = engine.topk_logprobs(requests_[:2], k=5, steps=8, decode="hf")
     static = engine.topk_logprobs(requests_[:2], k=5, steps=8, decode="static")

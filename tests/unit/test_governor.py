@@ -383,3 +383,44 @@ def test_padded_engines_get_homogeneous_batches() -> None:
     # An unpadded engine pays the sum, not the max: arrival order decides
     flat = Governor(PROFILE, capacity_bytes=4 * GB, max_size=128, initial_size=128)
     assert flat.plan(pending)[:2] == [0, 1]
+
+
+def test_snapshot_restores_the_model_and_skips_the_slow_start() -> None:
+    import json
+
+    learned = calibrated(governor(initial_size=4))
+    for _ in range(3):  # slow start grew the limit while it bound
+        learned.plan([c(1000)] * 200)
+        learned.on_success()
+    snap = json.loads(json.dumps(learned.snapshot()))  # what Redis holds
+    fresh = governor(initial_size=4)
+    assert fresh.restore(snap)
+    pending = [c(1000)] * 200
+    assert fresh.count_limit() == learned.count_limit() > 4
+    assert fresh.plan(pending) == learned.plan(pending)
+    assert fresh.predict(pending[:10]) == learned.predict(pending[:10])
+    assert fresh.calibrator.margin() == learned.calibrator.margin()
+    state = fresh.state()
+    assert state["restored_observations"] == state["observations"] == 6
+
+
+def test_a_snapshot_of_too_few_batches_keeps_the_cold_limit() -> None:
+    learned = governor(initial_size=4)
+    learned.observe([c(1000)] * 4, int(2 * GB + 100_000 * 4000))
+    learned._limit = 64  # as if it had grown
+    fresh = governor(initial_size=4)
+    assert fresh.restore(learned.snapshot())
+    assert fresh.count_limit() == 4 and fresh.calibrator.observations == 1
+
+
+def test_restore_rejects_malformed_snapshots_and_fixed_mode_ignores_them() -> None:
+    fresh = governor()
+    with pytest.raises(ValueError):
+        fresh.restore({"version": 1, "calibration": {"points": [[1, -5, False]], "observations": 1},
+                       "limit": 8, "slow_start": False})
+    with pytest.raises(ValueError):
+        fresh.restore({"version": 1, "calibration": {"points": "nope"}, "limit": 8, "slow_start": False})
+    assert fresh.calibrator.observations == 0
+    assert not fresh.restore({"version": 99})
+    snap = calibrated(governor()).snapshot()
+    assert not governor(mode="fixed").restore(snap)

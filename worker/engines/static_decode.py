@@ -74,22 +74,24 @@ class StaticDecoder:
     # state from the prefill
     # ----------------------------------------------------------------------------------------
 
-    def load_prefill(self, cache: Any, attention_mask: torch.Tensor, next_pos: torch.Tensor) -> None:
-        """Move the prefill's KV (HF DynamicCache, left-padded to ``prompt_len``) into the static
-        cache, layer by layer, freeing each dynamic layer as it goes (peak ≈ one copy + one layer)."""
-        shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
-        for layer in cache.layers[: len(self.layers)]:
-            k = torch.empty(shape, dtype=self.dtype, device=self.device)
-            v = torch.empty(shape, dtype=self.dtype, device=self.device)
-            # padding slots are zeroed: masked attention weights are exactly 0, but 0 · NaN is not
-            keep = attention_mask.bool()[:, None, :, None]
-            k[:, :, : self.prompt_len] = torch.where(keep, layer.keys, 0)
-            v[:, :, : self.prompt_len] = torch.where(keep, layer.values, 0)
-            k[:, :, self.prompt_len:].zero_()
-            v[:, :, self.prompt_len:].zero_()
+    def load_rows(self, cache: Any, rows: slice, start: int, attention_mask: torch.Tensor) -> None:
+        """Copy one prefill chunk's KV (HF DynamicCache of rows ``rows``, prompt slots ``start`` ..
+        ``prompt_len``, left-padded) into the static cache, freeing each dynamic layer as it goes.
+        Chunks may come in any order; ``finish_prefill`` follows the last one."""
+        if not self.k_cache:
+            # zeroed: padding slots and unwritten decode slots are masked, but 0 · NaN is not 0
+            shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
+            for _ in self.layers:
+                self.k_cache.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+                self.v_cache.append(torch.zeros(shape, dtype=self.dtype, device=self.device))
+        keep = attention_mask.bool()[:, None, :, None]
+        for i, layer in enumerate(cache.layers[: len(self.layers)]):
+            self.k_cache[i][rows, :, start: self.prompt_len] = torch.where(keep, layer.keys, 0)
+            self.v_cache[i][rows, :, start: self.prompt_len] = torch.where(keep, layer.values, 0)
             layer.keys, layer.values = None, None
-            self.k_cache.append(k)
-            self.v_cache.append(v)
+
+    def finish_prefill(self, attention_mask: torch.Tensor, next_pos: torch.Tensor) -> None:
+        """After every row's chunk is loaded: validity of the prompt slots and the next positions."""
         self.valid.zero_()
         self.valid[:, : self.prompt_len] = attention_mask.bool()
         self.pos.copy_(next_pos)
@@ -176,7 +178,7 @@ class StaticDecoder:
     # ----------------------------------------------------------------------------------------
 
     def capture(self) -> None:
-        """Capture ``step`` as a CUDA graph (after ``load_prefill``). The warm-up step runs for real,
+        """Capture ``step`` as a CUDA graph (after ``finish_prefill``). The warm-up step runs for real,
         so the small per-row state is snapshot and restored around it; the KV slot it writes is
         rewritten before it is ever read."""
         saved = [t.clone() for t in (self.valid, self.tok, self.pos, self.step_idx, self.seen)]
