@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -400,6 +401,9 @@ def main() -> None:
     if args.command == "report":
         report(args.out / "runs.json", args.decode_json, args.out)
         return
+    from worker.engines.transformers_engine import ALLOC_CONF
+
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # as the engine does; before CUDA starts
     _checkpoint(args.model)
     _cap(args.cap_gb)
     engine = _engine(args.model, decode=args.decode, dtype=args.dtype)
@@ -418,7 +422,9 @@ def main() -> None:
     reqs = _requests(_images(args.images, args.seed), 256)
     engine.infer(reqs[:2])  # warm-up
     result: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "seed": args.seed,
-                              "new_tokens": 256, "decode": engine.decode_mode, "runs": []}
+                              "new_tokens": 256, "decode": engine.decode_mode,
+                              "prefill_tokens": engine.settings.max_num_batched_tokens,
+                              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "runs": []}
     if args.governor:  # first: it is the run the table exists for, should the command be cut short
         snapshot = None
         for _ in ("cold", "warm"):  # warm: a restarted worker, continuing from the cold run's snapshot

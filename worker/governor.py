@@ -16,6 +16,10 @@ and decays back. A batch is admitted when ``predict Â· (1 + margin) + overhead â
 On top of the cost model an AIMD count limit guards against a model that is wrong: slow start
 (doubling) until the first OOM or pressure signal, halving on OOM, ~1/8 growth after a run of
 successes, and only while the limit is what holds batches back.
+
+What it learned (calibration points, count limit) survives restarts: ``snapshot``/``restore``,
+kept in Redis by the worker (``worker.context``), so only a worker's first start on a model,
+engine settings and device pays the slow start.
 """
 
 from __future__ import annotations

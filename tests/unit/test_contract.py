@@ -32,6 +32,16 @@ def test_cache_key_covers_content_model_task_params():
     assert keys.cache_key("a", "r", "t", {"x": 1, "y": 2}) == keys.cache_key("a", "r", "t", {"y": 2, "x": 1})
 
 
+def test_governor_fingerprint_changes_with_model_settings_and_device():
+    engine = Settings().engine.model_dump(mode="json")
+    base = keys.governor_fingerprint("rev-a", engine, 24 * 2**30)
+    assert base == keys.governor_fingerprint("rev-a", dict(engine), 24 * 2**30)
+    assert base != keys.governor_fingerprint("rev-b", engine, 24 * 2**30)
+    assert base != keys.governor_fingerprint("rev-a", {**engine, "max_new_tokens": 99}, 24 * 2**30)
+    assert base != keys.governor_fingerprint("rev-a", engine, 48 * 2**30)
+    assert keys.governor_profile(base) == f"ocrq:governor:{base}"
+
+
 def test_error_tree_round_trip():
     assert EngineOOM("x").to_dict() == {"type": "EngineOOM", "message": "x", "retryable": True}
     assert isinstance(error_from_dict(BadImage("bad").to_dict()), BadImage)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
+
+#: PyTorch CUDA allocator settings the engine asks for unless the environment sets its own
+ALLOC_CONF = "expandable_segments:True"
 
 #: how many decode steps run between host-side checks of the stop rules (no sync in between)
 CHECK_EVERY = 16
@@ -111,6 +115,12 @@ class TransformersEngine:
         s = self.settings
         want = s.device if s.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.device = torch.device(want)
+        if self.device.type == "cuda":
+            # batches of changing shapes fragment the caching allocator's fixed segments: memory
+            # reserved but unusable, which the governor (planning on allocated bytes) cannot
+            # see. Growable segments keep reserved ≈ allocated. Read when CUDA first allocates,
+            # so an operator's own setting (or an earlier CUDA user in the process) wins.
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)
         if s.dtype == "auto":
             dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         else:
