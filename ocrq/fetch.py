@@ -89,14 +89,14 @@ def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Counts redirects itself and refuses targets whose scheme or host is not allowed."""
+    """Counts redirects itself and refuses targets whose scheme is not allowed (every host is
+    checked when it is connected to, see ``_pinned``)."""
 
     max_repeats = max_redirections = 1 << 10  # our own count below is the limit
 
-    def __init__(self, limit: int, schemes: frozenset[str], limits: LimitSettings) -> None:
+    def __init__(self, limit: int, schemes: frozenset[str]) -> None:
         self._limit = limit
         self._schemes = schemes
-        self._limits = limits
 
     def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
                          headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
@@ -107,7 +107,6 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if count > self._limit:
             fp.close()
             raise RefusedRef(f"more than {self._limit} redirects: {req.full_url} -> {newurl}")
-        _check_host(newurl, self._limits)
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None:
             new.ocrq_redirects = count  # type: ignore[attr-defined]
@@ -122,26 +121,74 @@ def _http_status_error(status: int, url: str) -> OcrqError:
     return RefusedRef(f"HTTP {status}: {url}")  # 401/403, other 4xx, redirects we did not follow
 
 
-def _check_host(url: str, limits: LimitSettings) -> None:
-    """Refuse hosts that resolve to non-public addresses unless allowed. (urllib resolves again
-    when it connects; DNS rebinding between the two is not covered.)"""
-    if limits.http_allow_private:
-        return
-    host = urlsplit(url).hostname or ""
+def _public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
+    """Resolve ``host`` once; refuse it if any address is not public (unless allowed)."""
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
         raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
-    for info in infos:
-        addr = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not addr.is_global:
-            raise RefusedRef(f"{url}: {host} resolves to a non-public address ({addr})")
+    addresses = [str(info[4][0]).split("%")[0] for info in infos]
+    if not limits.http_allow_private:
+        for text in addresses:
+            addr = ipaddress.ip_address(text)
+            if not addr.is_global:
+                raise RefusedRef(f"{host} resolves to a non-public address ({addr})")
+    return list(dict.fromkeys(addresses))
+
+
+def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings) -> Any:
+    """``base`` whose socket goes to an address vetted by the same lookup that checked it: a
+    name that re-resolves between check and connect (DNS rebinding) cannot redirect the fetch to
+    an internal service. TLS still verifies the certificate against the host name."""
+
+    class Pinned(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = self._connect_vetted
+
+        def _connect_vetted(self, address: tuple[str, int], timeout: Any, source_address: Any = None) -> socket.socket:
+            # http.client always passes its own timeout
+            host, port = address
+            error: OSError | None = None
+            for ip in _public_addresses(host, port, limits):
+                try:
+                    return socket.create_connection((ip, port), timeout, source_address)
+                except OSError as exc:
+                    error = exc
+            raise error or OSError(f"no address for {host}")
+
+    return Pinned
+
+
+class _PinnedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, limits: LimitSettings) -> None:
+        super().__init__()
+        self._conn = _pinned(http.client.HTTPConnection, limits)
+
+    def http_open(self, req: urllib.request.Request) -> Any:
+        # through a proxy the proxy resolves the name: the check cannot be pinned here
+        direct = not req.has_proxy() and not getattr(req, "_tunnel_host", None)
+        return self.do_open(self._conn if direct else http.client.HTTPConnection, req)
+
+
+class _PinnedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, limits: LimitSettings) -> None:
+        super().__init__()
+        self._conn = _pinned(http.client.HTTPSConnection, limits)
+
+    def https_open(self, req: urllib.request.Request) -> Any:
+        direct = not req.has_proxy() and not getattr(req, "_tunnel_host", None)
+        cls = self._conn if direct else http.client.HTTPSConnection
+        return self.do_open(cls, req, context=getattr(self, "_context", None))
 
 
 def _fetch_http(url: str, limits: LimitSettings) -> bytes:
-    _check_host(url, limits)
     schemes = frozenset(s.lower() for s in limits.allowed_schemes) & {"http", "https"}
-    opener = urllib.request.build_opener(_Redirects(limits.http_max_redirects, schemes, limits))
+    # every connection (redirects included) resolves its host once, refuses non-public addresses
+    # unless limits.http_allow_private, and connects to one of the addresses it checked
+    opener = urllib.request.build_opener(
+        _Redirects(limits.http_max_redirects, schemes), _PinnedHTTP(limits), _PinnedHTTPS(limits)
+    )
     request = urllib.request.Request(url, headers={"User-Agent": "ocrq"})
     # http_timeout bounds each socket operation and the whole fetch, so a server that drips
     # bytes cannot hold a fetch thread indefinitely.
@@ -156,6 +203,10 @@ def _fetch_http(url: str, limits: LimitSettings) -> bytes:
     except urllib.error.HTTPError as exc:
         exc.close()
         raise _http_status_error(exc.code, url) from exc
+    except RefusedRef as exc:
+        if url in str(exc):
+            raise
+        raise RefusedRef(f"{url}: {exc}") from exc
     except http.client.InvalidURL as exc:
         raise RefusedRef(f"malformed URL: {url}") from exc
     except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets, short reads
