@@ -29,6 +29,9 @@ class _Point:
     peak: float
     #: OOM: the true peak was at least ``peak`` (a lower bound, kept out of the margin)
     censored: bool = False
+    #: a low reading before warm-up, stored as half the prediction (a damped step, not a
+    #: measurement): dropped from the window once ``warmup`` real points exist
+    provisional: bool = False
 
 
 class Calibrator:
@@ -86,11 +89,13 @@ class Calibrator:
         # once calibrated, a peak far below the fit is a glitch (a lost counter, a lazy
         # allocator) more often than news, and trusting it would make the next batch bigger:
         # ignore it unless it keeps happening. Before that, a low prior comes down halfway a step.
+        provisional = False
         if peak < _LOW_GLITCH * expected:
             if self.observations >= self.warmup and self._low_streak < _LOW_GLITCH_RUN:
                 self._low_streak += 1
                 self.rejected += 1
                 return
+            provisional = self.observations < self.warmup
             peak = _LOW_GLITCH * expected
         else:
             self._low_streak = 0
@@ -99,7 +104,7 @@ class Calibrator:
         if self.observations >= self.warmup:
             # what planning actually faced; in-sample residuals flatter a fit made from them
             self._surprises.append((peak - guess) / guess)
-        self._points.append(_Point(float(tokens), peak))
+        self._points.append(_Point(float(tokens), peak, provisional=provisional))
         self.observations += 1
         self._refit()
 
@@ -111,7 +116,7 @@ class Calibrator:
     def snapshot(self) -> dict[str, Any]:
         """What was learned, as plain JSON-able data (``restore`` takes it back)."""
         return {
-            "points": [[p.tokens, p.peak, p.censored] for p in self._points],
+            "points": [[p.tokens, p.peak, p.censored, p.provisional] for p in self._points],
             "surprises": list(self._surprises),
             "errors": list(self._errors),
             "observations": self.observations,
@@ -121,7 +126,8 @@ class Calibrator:
         """Continue from a ``snapshot`` (a restarted worker on the same model and device).
         Malformed data raises ValueError and leaves the calibrator as it was."""
         try:
-            points = [_Point(float(t), float(peak), bool(c)) for t, peak, c in snap["points"]]
+            points = [_Point(float(row[0]), float(row[1]), bool(row[2]), bool(row[3]) if len(row) > 3 else False)
+                      for row in snap["points"]]
             surprises = [float(x) for x in snap.get("surprises", [])]
             errors = [float(x) for x in snap.get("errors", [])]
             observations = int(snap["observations"])
@@ -140,6 +146,12 @@ class Calibrator:
             self._refit()
 
     def _refit(self) -> None:
+        if any(p.provisional for p in self._points) and sum(
+            1 for p in self._points if not (p.provisional or p.censored)
+        ) >= self.warmup:
+            kept = [p for p in self._points if not p.provisional]
+            self._points.clear()
+            self._points.extend(kept)
         points = list(self._points)
         ts = [p.tokens for p in points]
         spread = len(points) >= 2 and max(ts) - min(ts) >= 0.1 * max(ts)
@@ -169,7 +181,7 @@ class Calibrator:
         return True
 
     def _fit_margin(self, points: list[_Point]) -> float:
-        real = [p for p in points if not p.censored]
+        real = [p for p in points if not (p.censored or p.provisional)]
         if len(real) < self.warmup:
             return max(self.min_margin, self.prior_margin)
         fitted = max((p.peak - self.predict(p.tokens)) / self.predict(p.tokens) for p in real)

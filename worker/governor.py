@@ -137,6 +137,7 @@ class Governor:
         self._last_planned_peak: int | None = None
         self._last_predicted: int | None = None
         self._last_measured: int | None = None
+        self._max_measured = 0
         self._image_tokens: float | None = None
         self._restored = 0
         self._lock = threading.RLock()
@@ -306,6 +307,7 @@ class Governor:
             predicted = self._predict_tokens(tokens)
             self._last_predicted = int(predicted)
             self._last_measured = measured_peak_bytes
+            self._max_measured = max(self._max_measured, measured_peak_bytes)
             self.calibrator.add(tokens, float(measured_peak_bytes), predicted=predicted)
             self._boost = 1.0 + (self._boost - 1.0) * _BOOST_DECAY
 
@@ -394,16 +396,30 @@ class Governor:
     def typical_batch(self) -> int:
         """Images a batch of the current workload mix holds (limit and budget)."""
         with self._lock:
-            cap_n = max(1, min(self._hard, self._limit))
-            room = None if self.mode == "fixed" else self._token_room(None)
-            if room is None or not self._image_tokens:
-                return cap_n
-            return max(1, min(cap_n, int(room // self._image_tokens)))
+            return min(self._limit_n(), self._fit_n())
 
     def desired_backlog(self) -> int:
-        """Images a worker should hold locally: two batches, so the engine never waits for intake
-        while the broker keeps the rest for other workers."""
-        return 2 * self.typical_batch()
+        """Images a worker should hold locally: two batches of what it may run next, so the
+        engine never waits for intake while the broker keeps the rest for other workers.
+
+        "What it may run next" looks past the count limit while memory admits more: the AIMD
+        limit only grows when more images than it are waiting, so a backlog of two limits would
+        pin it where it stands (at the chunk size, in practice). Up to twice the limit, within
+        what the budget admits, lets it double."""
+        with self._lock:
+            limit = self._limit_n()
+            return 2 * max(min(limit, self._fit_n()), min(2 * limit, self._fit_n(), self._hard))
+
+    def _limit_n(self) -> int:
+        return max(1, min(self._hard, self._limit))
+
+    def _fit_n(self) -> int:
+        """Images of the current mix the memory budget admits in one batch (the hard cap when
+        there is no budget or no mix seen yet)."""
+        room = None if self.mode == "fixed" else self._token_room(None)
+        if room is None or not self._image_tokens:
+            return self._hard
+        return max(1, min(self._hard, int(room // self._image_tokens)))
 
     def state(self) -> dict[str, Any]:
         with self._lock:
@@ -418,6 +434,7 @@ class Governor:
                 "planned_peak_bytes": self._last_planned_peak,
                 "predicted_peak_bytes": self._last_predicted,
                 "measured_peak_bytes": self._last_measured,
+                "max_measured_peak_bytes": self._max_measured,
                 "oom_count": self._oom_count,
                 "pressure_count": self._pressure_count,
                 "boost": round(self._boost, 4),

