@@ -8,8 +8,11 @@ Two jobs of 200 distinct images each (distinct bytes, so the content cache canno
 starts on the same Redis: ``warm``, whose governor restores the snapshot the first one saved.
 Each job is timed from submit to the last image stored; the result is one JSON document.
 
-    python3 -m bench.gpu_worker --out OUT/gpu_worker.json            # on the GPU
-    python3 -m bench.gpu_worker --size tiny --images 12 --out x.json # a CPU dry run
+    python3 -m bench.gpu_worker --out OUT/gpu_worker.json             # on the GPU
+    python3 -m bench.gpu_worker --simulated 0.5 --out sim.json        # CPU: simulated 24 GiB engine
+    python3 -m bench.gpu_worker --size tiny --images 12 --scale 0.25 --tokens 16 --out x.json  # dry run
+
+Report: docs/bench/gpu-worker.md.
 """
 
 from __future__ import annotations
@@ -141,6 +144,8 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the images (CPU dry runs)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ocrq-gpu-worker"))
+    ap.add_argument("--simulated", type=float, default=None, metavar="BATCH_S",
+                    help="CPU stand-in: the simulated engine (24 GiB model, each batch takes BATCH_S)")
     args = ap.parse_args()
 
     from ocrq.settings import Settings
@@ -149,7 +154,7 @@ def main() -> None:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     model = work / f"hunyuan-{args.size}"
-    if not (model / "config.json").exists():
+    if args.simulated is None and not (model / "config.json").exists():
         import torch
 
         make_random_checkpoint(model, args.size, seed=0, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -168,6 +173,10 @@ def main() -> None:
            "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": "32"}
+    if args.simulated is not None:
+        env.update({"OCRQ_ENGINE__KIND": "simulated",
+                    "OCRQ_ENGINE__EXTRA": json.dumps({"batch_latency_s": args.simulated,
+                                                      "output_tokens": args.tokens})})
     settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": work / "store"},
                         limits={"allowed_roots": [work]}, queue={"chunk_size": 32})
     result: dict[str, Any] = {"size": args.size, "images": args.images, "cap_gb": args.cap_gb,
