@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from worker.calibration import Calibrator
 from worker.costs import ModelProfile
 from worker.engines.base import Engine, ImageCost
+from worker.packing import batch_tokens, pack
 
 if TYPE_CHECKING:
     from ocrq.settings import BatchSettings
@@ -51,15 +52,6 @@ _KV_HOLD = 0.80
 _OOM_BOOST = 1.2
 _MAX_BOOST = 4.0
 _BOOST_DECAY = 0.7
-
-
-def batch_tokens(costs: Sequence[ImageCost], padded: bool) -> int:
-    """Tokens a batch holds on the device: padded engines (HF generate) pad to the longest."""
-    if not costs:
-        return 0
-    if padded:
-        return len(costs) * max(c.total_tokens for c in costs)
-    return sum(c.total_tokens for c in costs)
 
 
 def resolve_capacity(
@@ -252,42 +244,8 @@ class Governor:
         room = None if self.mode == "fixed" else self._token_room(free_bytes)
         if room is None:
             return list(range(min(n, cap_n)))
-        return self._pack(pending, room, cap_n, skips)
-
-    def _pack(
-        self, pending: Sequence[ImageCost], room: float, cap_n: int, skips: Sequence[int] | None
-    ) -> list[int]:
-        n = len(pending)
-        # images skipped too often go first, then the oldest, then the rest in arrival order
-        pinned = [i for i in range(n) if skips is not None and skips[i] >= self.max_skips]
-        if 0 not in pinned:
-            pinned.append(0)
-        pinned_set = set(pinned)
-        lookahead = min(n, 1 + 4 * self._hard + len(pinned))
-        rest = [i for i in range(1, lookahead) if i not in pinned_set]
-        if self.profile.padded:
-            # a padded engine pays n × the longest row: fill with the images closest in size to
-            # the pinned ones, so a batch is homogeneous (bigger images wait for their own batch,
-            # never longer than max_skips batches)
-            anchor = max(pending[i].total_tokens for i in pinned)
-            rest.sort(key=lambda i: (abs(pending[i].total_tokens - anchor), i))
-        order = pinned + rest
-        chosen: list[int] = []
-        total = 0
-        longest = 0
-        for i in order:
-            if len(chosen) >= cap_n:
-                break
-            t = pending[i].total_tokens
-            if self.profile.padded:
-                need = (len(chosen) + 1) * max(longest, t)
-            else:
-                need = total + t
-            if not chosen or need <= room:
-                chosen.append(i)
-                total += t
-                longest = max(longest, t)
-        return sorted(chosen)
+        return pack(pending, room, cap_n, padded=self.profile.padded, skips=skips,
+                    max_skips=self.max_skips, lookahead=1 + 4 * self._hard)
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
         """Running per-image tokens of the workload (padded engines pay the longest image)."""

@@ -108,7 +108,7 @@ def test_batch_invariance(engine, requests_, decode: str) -> None:
 def test_chunked_prefill_equals_one_pass(engine, requests_, decode: str) -> None:
     """A prefill split into one chunk per row (its KV copied into the batch's cache at the row's
     own offset) gives the same logprobs as the batch prefilled in one pass."""
-    from worker.engines.transformers_engine import prefill_chunks
+    from worker.engines.prefill import prefill_chunks
 
     lengths = [900] * len(requests_)
     assert len(prefill_chunks(lengths, engine.settings.max_num_batched_tokens)) == 1

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("torch")
-
-from worker.engines.transformers_engine import prefill_chunks  # noqa: E402
+from worker.engines.prefill import prefill_chunks
 
 
 def test_chunks_cover_rows_in_order_within_budget() -> None:

@@ -64,21 +64,6 @@ def weights_revision(model_dir: Path, version: str) -> str:
     return f"hunyuanocr-{version}-{h.hexdigest()[:16]}"
 
 
-def prefill_chunks(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, int]]:
-    """Consecutive row ranges ``[a, b)`` whose padded size (rows × longest row) stays within
-    ``max_tokens``; a row longer than that is a chunk of its own."""
-    chunks: list[tuple[int, int]] = []
-    a, longest = 0, 0
-    for i, n in enumerate(lengths):
-        if i > a and (i - a + 1) * max(longest, n) > max_tokens:
-            chunks.append((a, i))
-            a, longest = i, 0
-        longest = max(longest, n)
-    if lengths:
-        chunks.append((a, len(lengths)))
-    return chunks
-
-
 class TransformersEngine:
     name = "transformers"
 
@@ -279,6 +264,7 @@ class TransformersEngine:
     ) -> tuple[list[_Row], dict[str, Any]]:
         import torch
 
+        from worker.engines.prefill import join_caches, prefill
         from worker.engines.static_decode import StaticDecoder
 
         mode = decode or self.decode_mode
@@ -294,13 +280,14 @@ class TransformersEngine:
             bsz, plen = ids.shape
             dec = StaticDecoder(self.model, bsz, plen, steps, repetition_penalty=penalty, topk=topk)
             dec.seed_seen(ids, mask)
-            logits, parts = self._prefill(enc, None if mode == "hf" else dec)
+            logits, parts = prefill(self.model, enc, self.settings.max_num_batched_tokens,
+                                    None if mode == "hf" else dec)
             next_pos = pos.amax(dim=(0, 2)) + 1
             dec.select(logits)
             del logits, enc
             cache: Any = None
             if mode == "hf":
-                cache = self._join_caches(parts, plen)
+                cache = join_caches(self.model, parts, plen)
             else:
                 dec.finish_prefill(mask, next_pos)
                 if mode == "graph":
@@ -334,62 +321,6 @@ class TransformersEngine:
                 info["topk"] = (dec.top_ids[:, :done_steps].tolist(), dec.top_lp[:, :done_steps].tolist())
             dec.release()
         return [r for r in rows if r is not None], info
-
-    def _prefill(self, enc: dict[str, Any], dec: Any) -> tuple[Any, list[tuple[int, int, int, Any]]]:
-        """Prefill (vision tower + prompt) in chunks of consecutive rows of at most
-        ``engine.max_num_batched_tokens`` padded prompt tokens, so the activation peak is one
-        chunk's whatever the batch size: a batch is then bounded by its KV cache alone. Each chunk
-        is cut to its own longest row. Returns the last-position fp32 logits of every row and,
-        without ``dec``, the chunks' caches (rows, start slot, DynamicCache) for ``_join_caches``;
-        with ``dec``, each chunk's KV goes straight into its static cache."""
-        import torch
-        from transformers import DynamicCache
-
-        ids, mask, pos = enc["input_ids"], enc["attention_mask"], enc["position_ids"]
-        bsz, plen = ids.shape
-        patches = enc["image_grid_thw"].prod(dim=-1).tolist()
-        first_patch = [0]
-        for n in patches:
-            first_patch.append(first_patch[-1] + int(n))
-        logits = torch.empty(bsz, self.model.lm_head.weight.shape[0], dtype=torch.float32, device=self.device)
-        parts: list[tuple[int, int, int, Any]] = []
-        for a, b in prefill_chunks(mask.sum(dim=1).tolist(), self.settings.max_num_batched_tokens):
-            start = plen - int(mask[a:b].sum(dim=1).max())
-            cache: Any = DynamicCache(config=self.model.config.text_config)
-            out = self.model(
-                input_ids=ids[a:b, start:], attention_mask=mask[a:b, start:], position_ids=pos[:, a:b, start:],
-                pixel_values=enc["pixel_values"][first_patch[a]:first_patch[b]],
-                image_grid_thw=enc["image_grid_thw"][a:b], mm_token_type_ids=enc["mm_token_type_ids"][a:b, start:],
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
-            )
-            logits[a:b] = out.logits[:, -1].float()
-            del out
-            if dec is None:
-                parts.append((a, b, start, cache))
-            else:
-                dec.load_rows(cache, slice(a, b), start, mask[a:b, start:])
-        return logits, parts
-
-    def _join_caches(self, parts: list[tuple[int, int, int, Any]], plen: int) -> Any:
-        """One DynamicCache for the whole batch from the chunks' caches (left-padded with zeros to
-        ``plen``; the attention mask hides those slots), freeing each chunk layer as it goes."""
-        import torch
-        from transformers import DynamicCache
-
-        if len(parts) == 1 and parts[0][2] == 0:
-            return parts[0][3]
-        joined: Any = DynamicCache(config=self.model.config.text_config)
-        for layer_idx in range(len(parts[0][3].layers)):
-            keys, values = [], []
-            for _a, _b, start, cache in parts:
-                layer = cache.layers[layer_idx]
-                pad = (0, 0, start, 0)  # head_dim untouched; ``start`` slots on the left
-                keys.append(torch.nn.functional.pad(layer.keys, pad))
-                values.append(torch.nn.functional.pad(layer.values, pad))
-                layer.keys, layer.values = None, None
-            joined.update(torch.cat(keys), torch.cat(values), layer_idx)
-            del keys, values
-        return joined
 
     def _sync(self) -> None:
         import torch
