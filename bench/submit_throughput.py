@@ -10,31 +10,15 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import redis
 
+from bench.services import start_redis
 from ocrq.settings import Settings
-from ocrq.stack import redis_binary
 from producer.client import Client
-
-
-def _start_redis(port: int, data: Path) -> subprocess.Popen[bytes]:
-    binary = redis_binary()
-    assert binary, "redis-server not found"
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(data)],
-                            stdout=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise RuntimeError("redis did not start")
 
 
 def run(refs: int, chunk_sizes: list[int], port: int, root: Path) -> list[dict[str, float]]:
@@ -63,7 +47,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = _start_redis(args.port, Path(tmp))
+        proc = start_redis(args.port, Path(tmp))
         try:
             rows = run(args.refs, [int(c) for c in args.chunks.split(",")], args.port, Path(tmp))
         finally:
