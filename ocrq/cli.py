@@ -213,6 +213,30 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
 
 
 @app.command()
+def governor(reset: bool = typer.Option(False, "--reset", help="delete the snapshots: next starts are cold")) -> None:
+    """What workers' VRAM governors learned (one JSON line per snapshot in Redis), or --reset."""
+    import redis
+
+    from ocrq import keys
+
+    client = redis.Redis.from_url(_settings().redis.url)
+    found = sorted(client.scan_iter(keys.governor_profile("*")))
+    if reset:
+        removed = client.delete(*found) if found else 0
+        console.print(f"deleted {removed} governor snapshots")
+        return
+    for key in found:
+        raw = client.get(key)
+        if raw is None:  # expired since the scan
+            continue
+        snap = json.loads(raw)
+        cal = snap.get("calibration", {})
+        print(json.dumps({"key": key.decode(), "observations": cal.get("observations"),
+                          "points": len(cal.get("points", [])), "count_limit": snap.get("limit"),
+                          "slow_start": snap.get("slow_start"), "ttl_s": client.ttl(key)}))
+
+
+@app.command()
 def worker(queues: str | None = typer.Option(None, help="comma-separated queues (default: settings.queue.name)"),
            concurrency: int | None = typer.Option(None),
            name: str | None = typer.Option(None, "--name", "-n", help="Celery node name, e.g. gpu0@%h")) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -160,3 +162,14 @@ def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, 
         time.sleep(0.2)
     state = json.loads(raw)
     assert state["restored_observations"] == learned and state["observations"] == learned
+    # and ops can list the snapshot and make the next start cold
+    env = {**os.environ, "OCRQ_REDIS__URL": redis_url}
+    listed = subprocess.run([sys.executable, "-m", "ocrq.cli", "governor"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    row = json.loads(listed.stdout.splitlines()[0])
+    assert row["key"] == found[0].decode() and row["observations"] >= learned and row["ttl_s"] > 0
+    reset = subprocess.run([sys.executable, "-m", "ocrq.cli", "governor", "--reset"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert reset.returncode == 0 and "deleted 1" in reset.stdout + reset.stderr, reset.stderr
+    assert not list(redis_client.scan_iter("ocrq:governor:*"))
