@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.services import free_port, start_redis
+from bench.services import free_port, start_redis, start_worker, stop
+from ocrq import keys
 
 GIB = 2**30
 
@@ -45,7 +43,7 @@ def _write(args: tuple[Path, int, int, int, int]) -> None:
 
 
 def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Path:
-    from bench.gpu_governor import SIZES, _images
+    from bench.gpu_governor import _images
 
     sizes = [im.size for im in _images(n, seed)]  # the benchmark's order, image for image
     out = root / tag
@@ -55,33 +53,7 @@ def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Pat
             for i, (w, h) in enumerate(sizes)]
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as pool:
         list(pool.map(_write, jobs))
-    assert {s for s, _ in SIZES} >= set(sizes)
     return out
-
-
-def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float) -> subprocess.Popen[bytes]:
-    import redis
-
-    proc = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", "8", "--name",
-                             f"{name}@%h"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    client = redis.Redis.from_url(redis_url)
-    key = f"ocrq:workers:{name}@{socket.gethostname()}"
-    deadline = time.monotonic() + timeout
-    while client.get(key) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker {name} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, new_tokens: int) -> dict[str, Any]:
@@ -98,7 +70,8 @@ def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, 
     results = list(handle.results())
     tokens = [o.meta.get("generated_tokens") for r in results for o in r.outputs]
     time.sleep(1.5)  # the worker publishes its state once a second
-    state = json.loads(redis.Redis.from_url(redis_url).get(f"ocrq:workers:{worker}@{socket.gethostname()}") or "{}")
+    node = f"{worker}@{socket.gethostname()}"
+    state = json.loads(redis.Redis.from_url(redis_url).get(keys.worker_state(node)) or "{}")
     done = counts.get("done", 0)
     return {
         "job": job, "images": len(records), "done": done, "failed": counts.get("failed", 0),

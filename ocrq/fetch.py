@@ -160,15 +160,19 @@ def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings) -> An
     return Pinned
 
 
+def _direct(req: urllib.request.Request) -> bool:
+    """Whether urllib connects to the URL's host itself: through a proxy (plain or CONNECT
+    tunnel) the proxy resolves the name, and the check cannot be pinned here."""
+    return not req.has_proxy() and not getattr(req, "_tunnel_host", None)
+
+
 class _PinnedHTTP(urllib.request.HTTPHandler):
     def __init__(self, limits: LimitSettings) -> None:
         super().__init__()
         self._conn = _pinned(http.client.HTTPConnection, limits)
 
     def http_open(self, req: urllib.request.Request) -> Any:
-        # through a proxy the proxy resolves the name: the check cannot be pinned here
-        direct = not req.has_proxy() and not getattr(req, "_tunnel_host", None)
-        return self.do_open(self._conn if direct else http.client.HTTPConnection, req)
+        return self.do_open(self._conn if _direct(req) else http.client.HTTPConnection, req)
 
 
 class _PinnedHTTPS(urllib.request.HTTPSHandler):
@@ -177,8 +181,7 @@ class _PinnedHTTPS(urllib.request.HTTPSHandler):
         self._conn = _pinned(http.client.HTTPSConnection, limits)
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        direct = not req.has_proxy() and not getattr(req, "_tunnel_host", None)
-        cls = self._conn if direct else http.client.HTTPSConnection
+        cls = self._conn if _direct(req) else http.client.HTTPSConnection
         return self.do_open(cls, req, context=getattr(self, "_context", None))
 
 

@@ -126,8 +126,7 @@ class Calibrator:
         """Continue from a ``snapshot`` (a restarted worker on the same model and device).
         Malformed data raises ValueError and leaves the calibrator as it was."""
         try:
-            points = [_Point(float(row[0]), float(row[1]), bool(row[2]), bool(row[3]) if len(row) > 3 else False)
-                      for row in snap["points"]]
+            points = [_Point(float(t), float(peak), bool(c), bool(prov)) for t, peak, c, prov in snap["points"]]
             surprises = [float(x) for x in snap.get("surprises", [])]
             errors = [float(x) for x in snap.get("errors", [])]
             observations = int(snap["observations"])

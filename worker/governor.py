@@ -365,8 +365,7 @@ class Governor:
         pin it where it stands (at the chunk size, in practice). Up to twice the limit, within
         what the budget admits, lets it double."""
         with self._lock:
-            limit = self._limit_n()
-            return 2 * max(min(limit, self._fit_n()), min(2 * limit, self._fit_n(), self._hard))
+            return 2 * min(2 * self._limit_n(), self._fit_n())
 
     def _limit_n(self) -> int:
         return max(1, min(self._hard, self._limit))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import time
 import pytest
 import redis
 
+from ocrq import keys
 from producer.client import Client
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env
@@ -145,7 +147,7 @@ def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, 
                                  queue={"chunk_size": 4}))
     assert client.submit([str(tmp_path / "in")], job="learn").wait(timeout=120)["done"] == 16
     deadline = time.monotonic() + 10
-    while not (found := list(redis_client.scan_iter("ocrq:governor:*"))) and time.monotonic() < deadline:
+    while not (found := list(redis_client.scan_iter(keys.governor_profile("*")))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(found) == 1, found
     saved = json.loads(redis_client.get(found[0]))
@@ -156,7 +158,7 @@ def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, 
     first.wait(30)
     start_worker(env, name="b")
     # Then the new worker's governor starts from that calibration, not from the priors
-    state_key = f"ocrq:workers:b@{os.uname().nodename}"
+    state_key = keys.worker_state(f"b@{socket.gethostname()}")
     deadline = time.monotonic() + 10
     while (raw := redis_client.get(state_key)) is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -172,4 +174,4 @@ def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, 
     reset = subprocess.run([sys.executable, "-m", "ocrq.cli", "governor", "--reset"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert reset.returncode == 0 and "deleted 1" in reset.stdout + reset.stderr, reset.stderr
-    assert not list(redis_client.scan_iter("ocrq:governor:*"))
+    assert not list(redis_client.scan_iter(keys.governor_profile("*")))

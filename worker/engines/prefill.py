@@ -45,8 +45,9 @@ def prefill(model: Any, enc: dict[str, Any], max_tokens: int, dec: Any = None) -
         first_patch.append(first_patch[-1] + int(n))
     logits = torch.empty(bsz, model.lm_head.weight.shape[0], dtype=torch.float32, device=ids.device)
     parts: list[Part] = []
-    for a, b in prefill_chunks(mask.sum(dim=1).tolist(), max_tokens):
-        start = plen - int(mask[a:b].sum(dim=1).max())
+    lengths = mask.sum(dim=1).tolist()
+    for a, b in prefill_chunks(lengths, max_tokens):
+        start = plen - int(max(lengths[a:b]))
         cache: Any = DynamicCache(config=model.config.text_config)
         out = model(
             input_ids=ids[a:b, start:], attention_mask=mask[a:b, start:], position_ids=pos[:, a:b, start:],
