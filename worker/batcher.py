@@ -145,7 +145,13 @@ class EngineLoop:
         return futures
 
     def desired_backlog(self) -> int:
-        return self.governor.desired_backlog()
+        """Images the worker should hold: the batch running now plus the governor's backlog of
+        batches to come. A chunk message stays unacknowledged until all its images are done, so
+        the images in flight take up prefetch window too; without them, the next chunk arrives only
+        after a batch finishes and the engine waits for its fetch and decode."""
+        with self._cond:
+            running = len(self._inflight)
+        return running + self.governor.desired_backlog()
 
     def state(self) -> dict[str, Any]:
         with self._cond:

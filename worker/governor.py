@@ -363,7 +363,7 @@ class Governor:
         "What it may run next" looks past the count limit while memory admits more: the AIMD
         limit only grows when more images than it are waiting, so a backlog of two limits would
         pin it where it stands (at the chunk size, in practice). Up to twice the limit, within
-        what the budget admits, lets it double."""
+        what the budget admits, lets it double. (The engine loop adds the batch in flight.)"""
         with self._lock:
             return 2 * min(2 * self._limit_n(), self._fit_n())
 

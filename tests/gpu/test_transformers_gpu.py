@@ -90,3 +90,30 @@ def test_graph_decode_step_is_fast(engine) -> None:
     print(f"decode step at batch 64: graph {graph_ms:.2f} ms, hf {hf_ms:.2f} ms")
     assert graph_ms < 10.0
     assert graph_ms < hf_ms
+
+
+def test_lean_step_arithmetic_on_cuda() -> None:
+    """The decode step's RMSNorm (torch's fused kernel on a bf16 input) is HF's RMSNorm module to
+    within one bf16 rounding (its reduction order differs on CUDA: measured, not bit for bit), and
+    its additive mask gives exactly what a bool mask gives."""
+    from torch.nn import functional as F
+    from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLRMSNorm
+
+    from worker.engines.static_decode import _norm
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for width in (128, 1024):
+        norm = HunYuanVLRMSNorm(width, eps=1e-5).to("cuda", torch.bfloat16)
+        norm.weight.data = torch.randn(width, device="cuda", generator=gen).bfloat16()
+        for scale in (0.01, 1.0, 30.0):
+            x = (torch.randn(64, 24, width, device="cuda", generator=gen) * scale).bfloat16()
+            ref, ours = norm(x).float(), _norm(x, norm.weight, 1e-5).float()
+            # one bf16 ulp of the normalised value, carried through the bf16 × weight product
+            assert torch.allclose(ours, ref, rtol=2**-6, atol=0)
+            assert (ours != ref).float().mean() < 0.05
+    q = torch.randn(16, 8, 2, 128, device="cuda", generator=gen).bfloat16()
+    k, v = (torch.randn(16, 8, 1088, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    valid = torch.rand(16, 1088, device="cuda", generator=gen) > 0.3
+    additive = torch.zeros(16, 1088, device="cuda", dtype=torch.bfloat16).masked_fill(~valid, float("-inf"))
+    assert torch.equal(F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :]),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=additive[:, None, None, :]))

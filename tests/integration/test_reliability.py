@@ -116,11 +116,12 @@ def test_prefetch_follows_the_governor_not_the_pool_size(redis_url, redis_client
     while not job.finished():
         held.append(redis_client.hlen("unacked"))
         time.sleep(0.2)
-    # Then it never reserved more chunks than the governor's backlog needs (2 × 2 images = 1
-    # chunk, +1 while the next is fetched), although its pool could run 4 at once
-    assert max(held) <= 2, held
+    # Then it never reserved more chunks than its window needs, although its pool could run 4 at
+    # once: the batch in flight + the governor's backlog (2 + 2 × 2 images = 2 chunks), +1 while
+    # the next is fetched
+    assert max(held) <= 3, held
     state = json.loads(redis_client.get(next(redis_client.scan_iter("ocrq:workers:*"))))
-    assert state["prefetch"] == 1 and state["mode"] == "fixed"
+    assert state["prefetch"] in (1, 2) and state["mode"] == "fixed"  # 2 while a batch is in flight
 
 
 def test_a_slow_engine_times_out_the_attempt_and_the_retry_finishes(redis_url, start_worker, tmp_path):

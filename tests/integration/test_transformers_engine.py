@@ -134,6 +134,40 @@ def test_static_decode_matches_hf_forward(engine, requests_) -> None:
             assert max(abs(x[1] - y[1]) for x, y in zip(step_a, step_b, strict=True)) < TOLERANCE
 
 
+def test_fused_projections_share_the_hf_weights(engine) -> None:
+    """The decode step's q/k/v and gate/up GEMMs read the same memory as the HF modules (views of
+    one buffer each), so fusing costs no memory and the prefill sees the same weights."""
+    from worker.engines.static_decode import fuse_projections
+
+    layer = engine.model.model.language_model.layers[0]
+    qkv, _ = layer.self_attn.ocrq_qkv
+    gate_up, _ = layer.mlp.ocrq_gate_up
+    q, k, v = layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight
+    assert q.data_ptr() == qkv.data_ptr() and layer.mlp.gate_proj.weight.data_ptr() == gate_up.data_ptr()
+    assert torch.equal(torch.cat([q, k, v]), qkv)
+    assert torch.equal(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]), gate_up)
+    fuse_projections(engine.model)  # idempotent: the buffers stay
+    assert layer.self_attn.ocrq_qkv[0] is qkv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_step_arithmetic_equals_hf(dtype: torch.dtype) -> None:
+    """On the CPU the lean step's RMSNorm and roll-based RoPE are HF's arithmetic bit for bit,
+    bf16 too (on CUDA the fused norm rounds apart: tests/gpu)."""
+    from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLRMSNorm, rotate_half
+
+    from worker.engines.static_decode import _norm
+
+    gen = torch.Generator().manual_seed(0)
+    norm = HunYuanVLRMSNorm(256, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(256, generator=gen).to(dtype)
+    x = (torch.randn(16, 256, generator=gen) * 3).to(dtype)
+    assert torch.equal(norm(x), _norm(x, norm.weight, 1e-5))
+    q, cos, sin = (torch.randn(shape, generator=gen) for shape in ((4, 24, 128), (4, 1, 128), (4, 1, 128)))
+    signed = torch.cat((-sin[..., :64], sin[..., 64:]), dim=-1)
+    assert torch.equal(q * cos + rotate_half(q) * sin, q * cos + q.roll(64, dims=-1) * signed)
+
+
 def test_memory_on_cpu_is_empty(engine) -> None:
     sample = engine.memory()
     assert sample.peak is None and sample.allocated is None

@@ -367,6 +367,25 @@ def test_the_worker_wiring_runs_the_simulated_engine(loops: list[EngineLoop]) ->
     assert loop.desired_backlog() >= 2
 
 
+def test_the_backlog_counts_the_batch_in_flight_on_top_of_the_next_ones(loops: list[EngineLoop]) -> None:
+    # a chunk's message is acked when all its images are done: while a batch runs, its images hold
+    # window too, so the worker asks for them plus the governor's backlog of batches to come
+    engine = sim(batch_latency_s=0.5)
+    loop = start(loops, engine, linger_s=0.0, initial_size=8, max_size=8)
+    idle = loop.desired_backlog()
+    assert idle == loop.governor.desired_backlog()
+    futures = loop.submit_many([req(i) for i in range(8)])
+    deadline = time.monotonic() + 5
+    while loop.state()["inflight"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.state()["inflight"] == 8
+    assert loop.desired_backlog() == 8 + loop.governor.desired_backlog()
+    [outcome(f) for f in futures]
+    while loop.state()["inflight"] and time.monotonic() < deadline:  # cleared just after the results
+        time.sleep(0.01)
+    assert loop.desired_backlog() == loop.governor.desired_backlog()
+
+
 # ---- stop and no lost futures -------------------------------------------------------------------
 
 

@@ -5,26 +5,75 @@ H200 at any batch). Here one step (embed → 24 layers → lm_head → repetitio
 bookkeeping) reads and writes only fixed-address tensors, with positions and the write slot held
 on the device, so the whole step is captured once per batch shape and replayed.
 
-The step reuses the model's own modules (projections, norms, MLPs, lm_head) and reproduces the
-HF attention math: RoPE in fp32 with cos/sin rounded to the model dtype, then q/k RMSNorm, GQA
-attention over the valid slots. During decode every XD-RoPE axis carries the same text position,
-so the rotation is plain 1D RoPE with the checkpoint's ``inv_freq``.
+A replayed step is then bound by its kernel count (~2-3 µs each on an H200), so the step is
+written lean: 631 kernels per step, not the 1,595 of the HF modules (H200 profile,
+``bench/profile_engine.py``). One GEMM for q/k/v and one for gate/up (``fuse_projections`` makes
+the HF parameters views into one buffer, so the prefill's HF modules and this step share the
+weights and memory does not grow); RoPE and the q/k RMSNorm on q and k together; torch's fused
+RMSNorm; one additive mask per step (0 visible, −inf not) rather than a bool mask each layer
+converts.
 
-Rows never see each other: padding is excluded by a per-row validity mask, positions are per row,
-and finished rows keep computing (their extra tokens are dropped by the caller).
+The arithmetic is HF's: RoPE in fp32 with cos/sin rounded to the model dtype, RMSNorm statistics
+in fp32 rounded before the weight, GQA attention over the valid slots. In fp32 on the CPU it
+equals the HF forward; in bf16 on CUDA the fused norm may round one ulp apart. During decode
+every XD-RoPE axis carries the same text position, so the rotation is plain 1D RoPE with the
+checkpoint's ``inv_freq``.
+
+Rows never see each other: padding is masked per row, positions are per row, and finished rows
+keep computing (their extra tokens are dropped by the caller).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 
-def _rms(module: Any, x: torch.Tensor) -> torch.Tensor:
-    out: torch.Tensor = module(x)
-    return out
+def fuse_projections(model: Any) -> None:
+    """Give every decoder layer one q/k/v weight and one gate/up weight: the HF parameters become
+    views into the fused buffers (same values, same memory). Idempotent."""
+    for layer in model.model.language_model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if hasattr(attn, "ocrq_qkv"):
+            continue
+        for owner, names, fused in ((attn, ("q_proj", "k_proj", "v_proj"), "ocrq_qkv"),
+                                    (mlp, ("gate_proj", "up_proj"), "ocrq_gate_up")):
+            mods = [getattr(owner, n) for n in names]
+            weight = torch.cat([m.weight.data for m in mods])
+            bias = torch.cat([m.bias.data for m in mods]) if mods[0].bias is not None else None
+            at = 0
+            for m in mods:
+                n = m.weight.shape[0]
+                m.weight.data = weight[at:at + n]
+                if bias is not None:
+                    m.bias.data = bias[at:at + n]
+                at += n
+            setattr(owner, fused, (weight, bias))
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's tensors as the lean step uses them."""
+
+    ln_in: torch.Tensor
+    qkv: tuple[torch.Tensor, torch.Tensor | None]
+    qk_norm: torch.Tensor  # (heads + kv_heads, head_dim): the q norm's weight per q head, then k's
+    o_proj: Any
+    ln_post: torch.Tensor
+    gate_up: tuple[torch.Tensor, torch.Tensor | None]
+    act: Any
+    down: Any
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm: statistics in fp32, normalised value rounded to the input dtype, then × weight,
+    in one fused kernel (torch's rms_norm computes a bf16 input in fp32 and rounds once). Bit for
+    bit HF's on the CPU; on CUDA its reduction order differs, so a value may round one bf16 ulp
+    apart (tests/gpu). Each row is reduced on its own, whatever the batch."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 class StaticDecoder:
@@ -44,7 +93,9 @@ class StaticDecoder:
         lm = model.model.language_model
         cfg = lm.config
         self.model, self.lm = model, lm
-        self.layers = list(lm.layers[: cfg.num_hidden_layers])
+        fuse_projections(model)
+        self.layers = [self._lean(layer) for layer in lm.layers[: cfg.num_hidden_layers]]
+        self.eps = float(cfg.rms_norm_eps)
         self.batch, self.prompt_len, self.max_new = batch, prompt_len, max_new
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
@@ -59,7 +110,7 @@ class StaticDecoder:
         dev = self.device
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self.valid = torch.zeros(batch, self.slots, dtype=torch.bool, device=dev)
+        self.mask = torch.full((batch, self.slots), float("-inf"), dtype=self.dtype, device=dev)
         self.tok = torch.zeros(batch, dtype=torch.long, device=dev)
         self.pos = torch.zeros(batch, dtype=torch.long, device=dev)
         self.step_idx = torch.zeros((), dtype=torch.long, device=dev)
@@ -91,9 +142,9 @@ class StaticDecoder:
             layer.keys, layer.values = None, None
 
     def finish_prefill(self, attention_mask: torch.Tensor, next_pos: torch.Tensor) -> None:
-        """After every row's chunk is loaded: validity of the prompt slots and the next positions."""
-        self.valid.zero_()
-        self.valid[:, : self.prompt_len] = attention_mask.bool()
+        """After every row's chunk is loaded: the prompt slots' mask and the next positions."""
+        self.mask.fill_(float("-inf"))
+        self.mask[:, : self.prompt_len].masked_fill_(attention_mask.bool(), 0.0)
         self.pos.copy_(next_pos)
         self.step_idx.zero_()
 
@@ -128,47 +179,50 @@ class StaticDecoder:
         self.out.index_copy_(1, self.step_idx.view(1), nxt[:, None])
         self.tok.copy_(nxt)
 
+    def _lean(self, layer: Any) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        heads, kv = attn.config.num_attention_heads, attn.config.num_key_value_heads
+        qk_norm = torch.cat([attn.query_layernorm.weight.expand(heads, -1),
+                             attn.key_layernorm.weight.expand(kv, -1)])
+        return _Layer(layer.input_layernorm.weight, attn.ocrq_qkv, qk_norm, attn.o_proj,
+                      layer.post_attention_layernorm.weight, mlp.ocrq_gate_up, mlp.act_fn, mlp.down_proj)
+
     def _rope(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the signed sin for this step's positions, (B, 1, head_dim) fp32, rounded to the
+        model dtype first as HF's rotary embedding does. ``rotate_half(x) · sin`` equals
+        ``roll(x, hd/2) · signed_sin`` exactly (a sign flip is exact), one kernel fewer than a cat."""
         freqs = self.pos[:, None, None].float() * self.inv_freq  # (B, 1, hd/2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(self.dtype)
-        sin = (emb.sin() * self.attention_scaling).to(self.dtype)
-        return cos[:, None].float(), sin[:, None].float()  # (B, 1, 1, hd), fp32 as HF applies it
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        xf = x.float()
-        rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-        return (xf * cos + rotated * sin).to(x.dtype)
+        cos = (emb.cos() * self.attention_scaling).to(self.dtype).float()
+        sin = (emb.sin() * self.attention_scaling).to(self.dtype).float()
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
     def step(self) -> None:
         """Feed ``tok`` at ``pos``; write its KV to slot ``prompt_len + step_idx``; select the next."""
         bsz, slot = self.batch, (self.step_idx + self.prompt_len).view(1)
-        self.valid.index_fill_(1, slot, True)
-        mask = self.valid[:, None, None, :]
+        heads, kv, hd, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        self.mask.index_fill_(1, slot, 0.0)
+        mask = self.mask[:, None, None, :]
         cos, sin = self._rope()
-        x = self.lm.embed_tokens(self.tok)[:, None, :]
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = _rms(layer.input_layernorm, x)
-            q = attn.q_proj(h).view(bsz, 1, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(bsz, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(bsz, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = _rms(attn.query_layernorm, self._rotate(q, cos, sin))
-            k = _rms(attn.key_layernorm, self._rotate(k, cos, sin))
-            self.k_cache[i].index_copy_(2, slot, k)
-            self.v_cache[i].index_copy_(2, slot, v)
+        x = self.lm.embed_tokens(self.tok)  # (B, hidden)
+        for i, ly in enumerate(self.layers):
+            qkv = F.linear(_norm(x, ly.ln_in, eps), *ly.qkv).view(bsz, heads + 2 * kv, hd)
+            qk = qkv[:, : heads + kv].float()  # RoPE in fp32, q and k heads together
+            qk = (qk * cos + qk.roll(hd // 2, dims=-1) * sin).to(self.dtype)
+            qk = _norm(qk, ly.qk_norm, eps)  # per head: the q norm's weight, then the k norm's
+            self.k_cache[i].index_copy_(2, slot, qk[:, heads:, None, :])
+            self.v_cache[i].index_copy_(2, slot, qkv[:, heads + kv:, None, :])
             # GQA with one query: fold the heads of a KV group into the query axis (head h uses
             # KV head h // groups, as HF's repeat_kv) so no repeated K/V copy is ever made
             a = F.scaled_dot_product_attention(
-                q.reshape(bsz, self.kv_heads, self.heads // self.kv_heads, self.head_dim),
+                qk[:, :heads].reshape(bsz, kv, heads // kv, hd),
                 self.k_cache[i], self.v_cache[i], attn_mask=mask, scale=self.scaling,
             )
-            x = x + attn.o_proj(a.reshape(bsz, 1, self.heads * self.head_dim))
-            x = x + layer.mlp(_rms(layer.post_attention_layernorm, x))
-        hidden = _rms(self.lm.norm, x)
-        logits = self.model.lm_head(hidden[:, 0]).float()
+            x = x + ly.o_proj(a.reshape(bsz, heads * hd))
+            gate, up = F.linear(_norm(x, ly.ln_post, eps), *ly.gate_up).chunk(2, dim=-1)
+            x = x + ly.down(ly.act(gate) * up)
+        logits = self.model.lm_head(_norm(x, self.lm.norm.weight, eps)).float()
         self.pos.add_(1)
         self.step_idx.add_(1)
         self.select(logits)
@@ -181,19 +235,19 @@ class StaticDecoder:
         """Capture ``step`` as a CUDA graph (after ``finish_prefill``). The warm-up step runs for real,
         so the small per-row state is snapshot and restored around it; the KV slot it writes is
         rewritten before it is ever read."""
-        saved = [t.clone() for t in (self.valid, self.tok, self.pos, self.step_idx, self.seen)]
+        saved = [t.clone() for t in (self.mask, self.tok, self.pos, self.step_idx, self.seen)]
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self.step()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        for t, s in zip((self.valid, self.tok, self.pos, self.step_idx, self.seen), saved, strict=True):
+        for t, s in zip((self.mask, self.tok, self.pos, self.step_idx, self.seen), saved, strict=True):
             t.copy_(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.step()
         self.graph = graph
-        for t, s in zip((self.valid, self.tok, self.pos, self.step_idx, self.seen), saved, strict=True):
+        for t, s in zip((self.mask, self.tok, self.pos, self.step_idx, self.seen), saved, strict=True):
             t.copy_(s)
 
     def advance(self) -> None:

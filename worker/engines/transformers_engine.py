@@ -115,6 +115,9 @@ class TransformersEngine:
             str(self.model_dir), dtype=dtype, attn_implementation="sdpa"
         )
         self.model = model.to(self.device).eval()
+        from worker.engines.static_decode import fuse_projections
+
+        fuse_projections(self.model)  # before the weights are measured; memory-neutral
         if self.device.type == "cuda":
             self._weight_bytes = torch.cuda.memory_allocated(self.device)
         eos = self.model.generation_config.eos_token_id
