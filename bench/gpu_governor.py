@@ -208,6 +208,43 @@ def run_governor(
             "snapshot": governor.snapshot()}
 
 
+def run_generate(engine: Any, reqs: list[Any], batch: int, min_images: int, budget_s: float) -> dict[str, Any]:
+    """The seeds' setup, as a hand-rolled script runs it: the HF processor on the CPU, then
+    ``model.generate`` (greedy, repetition penalty, exactly 256 new tokens) on static batches of
+    ``batch``, in arrival order. Same checkpoint, cap and images as the other runs."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    penalty = engine.sampling.repetition_penalty
+    done = 0
+    rows: list[list[Any]] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(reqs), batch):
+        chunk = reqs[i:i + batch]
+        t1 = time.perf_counter()
+        enc = engine.processor(text=[engine._prompt_text(r) for r in chunk], images=[r.image for r in chunk],
+                               padding=True, padding_side="left", return_tensors="pt").to(engine.device)
+        enc["pixel_values"] = enc["pixel_values"].to(engine.model.dtype)
+        with torch.inference_mode():
+            out = engine.model.generate(**enc, max_new_tokens=256, min_new_tokens=256, do_sample=False,
+                                        repetition_penalty=penalty)
+        new = out.shape[1] - enc["input_ids"].shape[1]
+        if new != 256:
+            raise RuntimeError(f"generate made {new} new tokens, not 256")
+        done += len(chunk)
+        rows.append([len(chunk), round(time.perf_counter() - t1, 3)])
+        if done >= min_images and time.perf_counter() - t0 > budget_s:
+            break
+    elapsed = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    return {"mode": "hf_generate", "batch": batch, "images": done, "prefix_only": done < len(reqs),
+            "img_per_s": round(done / elapsed, 3), "elapsed_s": round(elapsed, 2), "peak_gb": round(peak / GIB, 2),
+            "oom_events": 0, "failed": 0, "batches": rows}
+
+
 def seeds_table(engine: Any, batches: list[int]) -> list[dict[str, Any]]:
     """1024×768 only, one batch per size after a warm-up: batch vs peak vs img/s."""
     import torch
@@ -383,7 +420,7 @@ def report(runs_path: Path, decode_path: Path | None, out_dir: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=["decode", "invariance", "parity", "runs", "report"])
+    ap.add_argument("command", choices=["decode", "invariance", "parity", "runs", "seeds-baseline", "report"])
     ap.add_argument("--dtype", default="auto", help="engine dtype (parity: float32 separates rounding from bugs)")
     ap.add_argument("--decode", default="graph", help="engine decode mode: graph | hf (HF forward per step)")
     ap.add_argument("--budget-upto", type=int, default=4, help="static batches up to this size stop at --budget-s")
@@ -421,6 +458,21 @@ def main() -> None:
         return
     reqs = _requests(_images(args.images, args.seed), 256)
     engine.infer(reqs[:2])  # warm-up
+    if args.command == "seeds-baseline":  # ocrq's governor vs the seeds' script, one command
+        result_sb: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "runs": []}
+        snap = None
+        for _ in ("cold", "warm"):
+            run = run_governor(engine, reqs, args.cap_gb, snap)
+            snap = run.pop("snapshot")
+            run.pop("governor_state")
+            result_sb["runs"].append(run)
+            print({k: v for k, v in run.items() if k != "batches"}, flush=True)
+        for b in [int(x) for x in args.batches.split(",") if x]:
+            result_sb["runs"].append(run_generate(engine, reqs, b, 16, args.budget_s))
+            print({k: v for k, v in result_sb["runs"][-1].items() if k != "batches"}, flush=True)
+            args.out.write_text(json.dumps(result_sb, indent=2))
+        args.out.write_text(json.dumps(result_sb, indent=2))
+        return
     result: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "seed": args.seed,
                               "new_tokens": 256, "decode": engine.decode_mode,
                               "prefill_tokens": engine.settings.max_num_batched_tokens,
