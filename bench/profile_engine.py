@@ -30,6 +30,17 @@ def _kernels(prof: Any, top: int = 15) -> dict[str, Any]:
             "top": [{"ms": round(t / 1e3, 3), "n": n, "name": k[:120]} for t, n, k in rows]}
 
 
+def _per_call_ms(fn: Any, n: int) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def profile_prefill(engine: Any, reqs: list[Any]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -94,19 +105,10 @@ def profile_decode(engine: Any, reqs: list[Any], batch: int, steps: int) -> dict
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             dec.step()
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps // 2):
-            dec.step()
-        torch.cuda.synchronize()
-        eager_ms = (time.perf_counter() - t0) / (steps // 2) * 1e3
+        eager_ms = _per_call_ms(dec.step, steps // 2)
         dec.capture()
         dec.advance()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps // 2):
-            dec.advance()
-        torch.cuda.synchronize()
-        graph_ms = (time.perf_counter() - t0) / (steps // 2) * 1e3
+        graph_ms = _per_call_ms(dec.advance, steps // 2)
         dec.release()
     return {"batch": batch, "prompt_len": int(ids.shape[1]), "eager_step_ms": round(eager_ms, 3),
             "graph_step_ms": round(graph_ms, 3), **_kernels(prof, 20)}
