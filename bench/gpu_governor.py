@@ -242,7 +242,8 @@ def run_generate(engine: Any, reqs: list[Any], batch: int, min_images: int, budg
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     return {"mode": "hf_generate", "batch": batch, "images": done, "prefix_only": done < len(reqs),
             "img_per_s": round(done / elapsed, 3), "elapsed_s": round(elapsed, 2), "peak_gb": round(peak / GIB, 2),
-            "oom_events": 0, "failed": 0, "batches": rows}
+            "oom_events": 0, "failed": 0,  # by construction: an OOM or a short output ends the command
+            "batches": rows}
 
 
 def seeds_table(engine: Any, batches: list[int]) -> list[dict[str, Any]]:
@@ -420,7 +421,7 @@ def report(runs_path: Path, decode_path: Path | None, out_dir: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=["decode", "invariance", "parity", "runs", "seeds-baseline", "report"])
+    ap.add_argument("command", choices=["decode", "invariance", "parity", "runs", "report"])
     ap.add_argument("--dtype", default="auto", help="engine dtype (parity: float32 separates rounding from bugs)")
     ap.add_argument("--decode", default="graph", help="engine decode mode: graph | hf (HF forward per step)")
     ap.add_argument("--budget-upto", type=int, default=4, help="static batches up to this size stop at --budget-s")
@@ -432,6 +433,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,8,16,32,64")
     ap.add_argument("--budget-s", type=float, default=40.0, help="static 1/4 stop after this, prefix ≥ 16")
     ap.add_argument("--governor", action="store_true")
+    ap.add_argument("--static", default="engine", choices=["engine", "generate"],
+                    help="static rows through the engine, or as the seeds' script (HF processor + generate)")
     ap.add_argument("--no-seeds", dest="seeds", action="store_false", help="skip the 1024x768 seeds table")
     ap.add_argument("--decode-json", type=Path)
     args = ap.parse_args()
@@ -458,21 +461,6 @@ def main() -> None:
         return
     reqs = _requests(_images(args.images, args.seed), 256)
     engine.infer(reqs[:2])  # warm-up
-    if args.command == "seeds-baseline":  # ocrq's governor vs the seeds' script, one command
-        result_sb: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "runs": []}
-        snap = None
-        for _ in ("cold", "warm"):
-            run = run_governor(engine, reqs, args.cap_gb, snap)
-            snap = run.pop("snapshot")
-            run.pop("governor_state")
-            result_sb["runs"].append(run)
-            print({k: v for k, v in run.items() if k != "batches"}, flush=True)
-        for b in [int(x) for x in args.batches.split(",") if x]:
-            result_sb["runs"].append(run_generate(engine, reqs, b, 16, args.budget_s))
-            print({k: v for k, v in result_sb["runs"][-1].items() if k != "batches"}, flush=True)
-            args.out.write_text(json.dumps(result_sb, indent=2))
-        args.out.write_text(json.dumps(result_sb, indent=2))
-        return
     result: dict[str, Any] = {"cap_gb": args.cap_gb, "images": args.images, "seed": args.seed,
                               "new_tokens": 256, "decode": engine.decode_mode,
                               "prefill_tokens": engine.settings.max_num_batched_tokens,
@@ -487,7 +475,8 @@ def main() -> None:
             args.out.write_text(json.dumps(result, indent=2))
     for b in [int(x) for x in args.batches.split(",") if x]:
         budget = args.budget_s if b <= args.budget_upto else 1e9
-        result["runs"].append(run_static(engine, reqs, b, 16, budget))
+        run_fixed = run_generate if args.static == "generate" else run_static
+        result["runs"].append(run_fixed(engine, reqs, b, 16, budget))
         print(result["runs"][-1], flush=True)
         args.out.write_text(json.dumps(result, indent=2))
     if args.seeds:

@@ -12,19 +12,14 @@ import json
 import os
 import platform
 import random
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import redis
 from PIL import Image, ImageDraw, ImageFont
 
-from ocrq import keys
+from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.settings import EngineSettings, Settings
-from ocrq.stack import redis_binary
 from producer.client import Client
 
 WORDS = ["invoice", "total", "receipt", "coffee", "market", "harbor", "window", "garden", "silver",
@@ -62,28 +57,13 @@ def direct(paths: list[Path]) -> float:
 
 
 def through_queue(paths: list[Path], root: Path) -> float:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    server = subprocess.Popen([str(redis_binary()), "--port", str(port), "--save", "", "--dir", str(root)],
-                              stdout=subprocess.DEVNULL)
+    server = start_redis(port, root)
     env = {**os.environ, "OCRQ_REDIS__URL": url, "OCRQ_STORE__PATH": str(root / "store"),
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(root)])}
-    worker = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", "2", "--name", "bench@%h"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = start_worker(env, "bench", root / "worker.log", url, timeout=120, concurrency=2)
     try:
-        client = redis.Redis.from_url(url)
-        deadline = time.time() + 120
-        while True:
-            try:
-                if client.exists(keys.worker_state(f"bench@{socket.gethostname()}")):
-                    break
-            except redis.ConnectionError:
-                pass  # redis-server still starting
-            if time.time() > deadline:
-                raise RuntimeError("worker did not start")
-            time.sleep(0.2)
         producer = Client(Settings(redis={"url": url}, store={"path": root / "store"},
                                    limits={"allowed_roots": [root]}))
         t0 = time.perf_counter()
@@ -94,8 +74,7 @@ def through_queue(paths: list[Path], root: Path) -> float:
         assert counts["done"] == len(paths) and len(results) == len(paths), counts
         return elapsed
     finally:
-        worker.terminate()
-        worker.wait(30)
+        stop(worker)
         server.terminate()
 
 

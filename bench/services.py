@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +11,7 @@ from pathlib import Path
 
 import redis
 
-from ocrq import keys
-from ocrq.stack import redis_binary
+from ocrq.stack import redis_binary, stop_group, wait_worker_state
 
 
 def free_port() -> int:
@@ -40,26 +37,17 @@ def start_redis(port: int, data: Path) -> subprocess.Popen[bytes]:
     raise RuntimeError("redis-server did not start")
 
 
-def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float) -> subprocess.Popen[bytes]:
-    """``ocrq worker`` (threads pool of 8) named ``{name}@host``, ready once it published its state."""
-    proc = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", "8", "--name",
-                             f"{name}@%h"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float,
+                 concurrency: int = 8) -> subprocess.Popen[bytes]:
+    """``ocrq worker`` (threads pool) named ``{name}@host``, ready once it published its state."""
+    proc = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", str(concurrency),
+                             "--name", f"{name}@%h"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    client = redis.Redis.from_url(redis_url)
-    key = keys.worker_state(f"{name}@{socket.gethostname()}")
-    deadline = time.monotonic() + timeout
-    while client.get(key) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker {name} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
+    wait_worker_state(redis_url, f"{name}@{socket.gethostname()}", timeout, lambda: proc.poll() is None,
+                      lambda: "\n" + log.read_text()[-3000:])
     return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the process group (warm shutdown), SIGKILL after 60 s."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+    stop_group(proc, 60)

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -46,6 +47,37 @@ def redis_alive(url: str, timeout: float = 0.5) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping())
     except redis.RedisError:
         return False
+
+
+def wait_worker_state(url: str, node: str, timeout: float, alive: Callable[[], bool],
+                      where: Callable[[], str]) -> None:
+    """Return once worker ``node`` published its state (engine started, consuming). Raise
+    RuntimeError, with ``where()`` (a log path or tail), once ``alive()`` is false or after
+    ``timeout``. A Redis that is still starting counts as not ready yet."""
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if client.exists(keys.worker_state(node)):
+                return
+        except redis.ConnectionError:
+            pass
+        if not alive():
+            raise RuntimeError(f"worker {node} exited; {where()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"worker {node} not ready after {timeout:.0f}s; {where()}")
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM a child's process group (a Celery warm shutdown), SIGKILL it after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 class Stack:
@@ -123,15 +155,8 @@ class Stack:
 
     def wait_worker(self, node: str, timeout: float) -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
-        client = redis.Redis.from_url(self.settings.redis.url)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if client.exists(keys.worker_state(node)):
-                return
-            if not self.pid("worker"):
-                raise RuntimeError(f"worker exited; see {self.log_dir / 'worker.log'}")
-            time.sleep(0.25)
-        raise RuntimeError(f"worker not ready after {timeout:.0f}s; see {self.log_dir / 'worker.log'}")
+        wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid("worker") is not None,
+                          lambda: f"see {self.log_dir / 'worker.log'}")
 
     def down(self, timeout: float = 30.0) -> dict[str, str]:
         out = {}

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
-from ocrq import keys
 from ocrq.settings import Settings
+from ocrq.stack import stop_group, wait_worker_state
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 
@@ -40,19 +37,6 @@ def worker_env(redis_url: str, store: Path, roots: list[Path], **extra: str) -> 
     return env
 
 
-def wait_ready(redis_url: str, proc: subprocess.Popen[bytes], log: Path, node: str, timeout: float = 300) -> None:
-    """Ready = this worker's bootstep published its state (engine started, consuming)."""
-    client = redis.Redis.from_url(redis_url)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if client.exists(keys.worker_state(node)):
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.2)
-    raise RuntimeError(f"worker not ready:\n{log.read_text()[-4000:]}")
-
-
 @pytest.fixture()
 def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[WorkerFactory]:
     """Factory: start_worker(env=dict, name=...) → a running, ready worker process (on a flushed Redis)."""
@@ -67,18 +51,13 @@ def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[
             start_new_session=True,
         )
         procs.append((proc, log))
-        wait_ready(redis_url, proc, log, f"{name}@{socket.gethostname()}")
+        wait_worker_state(redis_url, f"{name}@{socket.gethostname()}", 300, lambda: proc.poll() is None,
+                          lambda: "\n" + log.read_text()[-4000:])
         return proc
 
     yield start
     for proc, log in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_group(proc, 30)
         print(f"--- {log.name} (tail) ---\n" + log.read_text(errors="replace")[-3000:])
 
 
