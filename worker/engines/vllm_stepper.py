@@ -1,0 +1,107 @@
+"""Drives one in-process vLLM ``LLMEngine`` for several micro-batches at once.
+
+Each batch's caller (an engine-loop thread) admits its requests, then the callers take turns
+stepping the engine until their own requests finish. A step advances every running request,
+whoever's it is, so batches share vLLM's continuous batching: the next batch's prefill runs while
+the previous one decodes, instead of one draining before the next starts. Engine calls
+(``add_request``, ``step``, ``abort_request``) are serialised by the engine's lock; the outputs
+of a step are routed to their requests here. A step that raises leaves the engine dead for every
+caller: each one sees the same exception.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.engines import hunyuan
+from worker.engines.vllm_common import cut_repetition
+
+#: new tokens between two checks of a request's tail for a loop
+REPETITION_CHECK_EVERY = 8
+
+
+@dataclass
+class Gen:
+    """One request's progress."""
+
+    index: int
+    #: logprobs asked for (the sampled token comes on top when it is not among them)
+    k: int = 0
+    #: stop the request early when its tail loops (off for exact-length test runs)
+    watch: bool = True
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str | None = None
+    repetition: hunyuan.Repetition | None = None
+    #: tokens the engine produced (``tokens`` may have been cut back to one copy of a loop)
+    generated: int = 0
+    checked: int = 0
+
+
+class EngineDead(RuntimeError):
+    """The engine failed in a step another caller ran; ``__cause__`` is that failure."""
+
+
+class Stepper:
+    def __init__(self, engine: Any, lock: threading.RLock, min_repeats: int,
+                 after_step: Callable[[], None] = lambda: None) -> None:
+        self.engine = engine
+        self._lock = lock
+        self._min_repeats = min_repeats
+        self._after_step = after_step
+        self._live: dict[str, Gen] = {}
+        self.failure: BaseException | None = None
+
+    def add(self, rid: str, engine_input: Any, params: Any, gen: Gen) -> None:
+        """Admit one request (the caller holds the lock); raises what vLLM's validation raises."""
+        self.engine.add_request(rid, engine_input, params)
+        self._live[rid] = gen
+
+    def run(self, mine: dict[str, Gen]) -> None:
+        """Step until every request in ``mine`` has finished (any caller's step counts)."""
+        while True:
+            with self._lock:
+                if self.failure is not None:
+                    raise EngineDead("vLLM engine failed in another batch's step") from self.failure
+                if all(g.finish is not None for g in mine.values()):
+                    return
+                if not self.engine.has_unfinished_requests():
+                    lost = [rid for rid, g in mine.items() if g.finish is None]
+                    raise EngineDead(f"vLLM has no unfinished requests but {len(lost)} never finished")
+                try:
+                    outputs = self.engine.step()
+                except BaseException as exc:
+                    self.failure = exc
+                    raise
+                self._route(outputs)
+                self._after_step()
+
+    def _route(self, outputs: Iterable[Any]) -> None:
+        for out in outputs:
+            gen = self._live.get(out.request_id)
+            if gen is None or gen.finish is not None:
+                continue
+            completion = out.outputs[0]
+            gen.tokens.extend(completion.token_ids)
+            gen.generated = len(gen.tokens)
+            for step in completion.logprobs or []:
+                ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+                gen.logprobs.append([(int(t), float(lp.logprob)) for t, lp in ranked][: gen.k])
+            if out.finished:
+                gen.finish = completion.finish_reason or "stop"
+                self._settle(out.request_id, gen)
+            elif gen.watch and len(gen.tokens) - gen.checked >= REPETITION_CHECK_EVERY:
+                gen.checked = len(gen.tokens)
+                kept, rep = cut_repetition(gen.tokens, self._min_repeats)
+                if rep is not None:
+                    self.engine.abort_request([out.request_id])
+                    gen.tokens, gen.repetition, gen.finish = kept, rep, "repetition"
+                    self._live.pop(out.request_id, None)
+
+    def _settle(self, rid: str, gen: Gen) -> None:
+        self._live.pop(rid, None)
+        if gen.watch and gen.repetition is None:  # a loop that hit a length/EOS limit before a check
+            gen.tokens, gen.repetition = cut_repetition(gen.tokens, self._min_repeats)
