@@ -1,6 +1,7 @@
 """The ``ocrq`` command line. Each command builds the process's settings once and passes them on.
 
     ocrq up | down                              embedded stack (Redis, one worker, Flower)
+    ocrq flower                                 Flower on the ocrq app, behind basic auth
     ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
     ocrq status J | results J [--out F] | jobs  follow jobs
     ocrq failed [--job J] | reprocess [--job J] the failed registry, and re-running it
@@ -60,6 +61,19 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the worker to b
 
     for name, what in Stack(_settings()).up(wait=wait).items():
         console.print(f"[green]{name:7}[/] {what}")
+
+
+@app.command()
+def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) -> None:
+    """Run Flower in the foreground on the ocrq app, behind basic auth (OCRQ_FLOWER_BASIC_AUTH,
+    else a password generated into the var dir), as `ocrq up` and the compose stack do."""
+    from ocrq.stack import Stack, flower_argv
+
+    settings = _settings()
+    auth, where = Stack(settings).flower_auth()
+    console.print(f"flower on port {settings.flower_port}, basic auth from {where}")
+    argv = flower_argv(settings, auth, address=address)
+    os.execv(argv[0], argv)
 
 
 @app.command()

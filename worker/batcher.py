@@ -17,10 +17,12 @@ Celery retries them. Every future completes, also on ``stop``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +72,7 @@ class EngineLoop:
         oom_retries: int = 3,
         logger: logging.Logger | None = None,
         oom_backoff_s: float = 0.02,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.engine = engine
         self.governor = governor
@@ -88,6 +91,9 @@ class EngineLoop:
         self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
                        "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
         self._last_batch_s = 0.0
+        #: (images, seconds) of every engine call that returned (worker.metrics)
+        self._on_batch = on_batch
+        self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -255,9 +261,16 @@ class EngineLoop:
             self.log.debug("engine.reset_peak() failed", exc_info=True)
         started = time.monotonic()
         outcomes = self.engine.infer(requests)
-        self._last_batch_s = time.monotonic() - started
+        seconds = self._last_batch_s = time.monotonic() - started
         if len(outcomes) != len(requests):
             raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
+        if self._on_batch is not None:
+            self._on_batch(len(requests), seconds)
+        # each image's share of the engine call: the cost per job (ocrq status) adds these up
+        share = {"id": next(self._batch_ids), "size": len(requests), "engine_s": round(seconds / len(requests), 6)}
+        for outcome in outcomes:
+            if isinstance(outcome, OcrOutput):
+                outcome.meta["batch"] = share
         return outcomes
 
     def _execute(self, items: list[_Item], depth: int) -> None:
