@@ -18,13 +18,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ocrq.errors import Retryable
+from ocrq.errors import Permanent, Retryable
 from ocrq.metrics import queue_depth_family
 from ocrq.results import ImageRecord, ImageStatus
 from worker.nvml import MemoryProbe
 
 log = logging.getLogger("ocrq.worker.metrics")
 
+#: the tasks an engine knows (ocrq.messages.Chunk.task)
+TASKS = ("text", "parse", "spotting", "extract", "translate")
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -74,6 +76,8 @@ class WorkerMetrics:
                               ["task", "outcome"], registry=r)
         self.retries = Counter("ocrq_retries", "Image attempts handed back for a retry, by error type.",
                                ["reason"], registry=r)
+        self.failures = Counter("ocrq_image_failures", "Images failed for good, by error type.",
+                                ["reason"], registry=r)
         self.cache_hits = Counter("ocrq_cache_hits", "Cache lookups that found a result.", registry=r)
         self.cache_misses = Counter("ocrq_cache_misses", "Cache lookups that went to the engine.", registry=r)
         self.batch_size = Histogram("ocrq_batch_size", "Images per engine call.", buckets=_BATCH_SIZES,
@@ -83,10 +87,15 @@ class WorkerMetrics:
         self.image_seconds = Histogram("ocrq_image_seconds", "Seconds from a chunk's start to an image's "
                                        "result being stored (fetch, decode, queueing, inference, store).",
                                        buckets=_SECONDS, registry=r)
-        # every retryable error type shows (at 0) before it first happens: rate() and alerts
-        # over ocrq_retries_total work from the first scrape
+        # every known label value shows (at 0) before it first happens, so rate() and increase()
+        # see the first failure of a fresh worker (a series born at 1 has no increase)
+        for task in TASKS:
+            for outcome in ("done", "cached", "failed"):
+                self.images.labels(task, outcome)
         for kind in Retryable.__subclasses__():
             self.retries.labels(kind.__name__)
+        for kind in Permanent.__subclasses__():
+            self.failures.labels(kind.__name__)
         self._server: Any = None
 
     def watch(self, state: Callable[[], dict[str, Any]], probe: MemoryProbe, device: str, redis: Any,
@@ -109,6 +118,7 @@ class WorkerMetrics:
                 self.retries.labels(rec.error.type if rec.error else "unknown").inc()
             elif rec.status == ImageStatus.failed:
                 self.images.labels(task, "failed").inc()
+                self.failures.labels(rec.error.type if rec.error else "unknown").inc()
             elif rec.status == ImageStatus.done:
                 self.images.labels(task, "cached" if rec.cached else "done").inc()
                 if seconds is not None:
