@@ -92,10 +92,10 @@ class WorkerMetrics:
         for task in TASKS:
             for outcome in ("done", "cached", "failed"):
                 self.images.labels(task, outcome)
-        for kind in Retryable.__subclasses__():
-            self.retries.labels(kind.__name__)
-        for kind in Permanent.__subclasses__():
-            self.failures.labels(kind.__name__)
+        for retryable in Retryable.__subclasses__():
+            self.retries.labels(retryable.__name__)
+        for permanent in Permanent.__subclasses__():
+            self.failures.labels(permanent.__name__)
         self._server: Any = None
 
     def watch(self, state: Callable[[], dict[str, Any]], probe: MemoryProbe, device: str, redis: Any,

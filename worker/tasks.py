@@ -167,10 +167,13 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    list(ctx.fetch_pool.map(
-        lambda d: ctx.store.put_json(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")),
-        docs,
-    ))
+    writes = [(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")) for d in docs]
+    # the failed registry's durable mirror: losing Redis does not lose what failed
+    writes += [(keys.failed_object(d.record.job, d.record.id),
+                {"record": d.record.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
+                 "failed_at": time.time()})
+               for d in docs if d.record.status == ImageStatus.failed]
+    list(ctx.fetch_pool.map(lambda w: ctx.store.put_json(*w), writes))
     ctx.index.record(records)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
