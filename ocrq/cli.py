@@ -183,10 +183,19 @@ def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None
 
 @app.command()
 def status(job: str) -> None:
-    """Counts per status for JOB."""
-    counts = _client(_settings()).job(job).status()
+    """Counts per status for JOB, and what it cost: GPU-seconds, img/s, $ per 1,000 images."""
+    from ocrq.jobcost import job_cost
+
+    settings = _settings()
+    client = _client(settings)
+    counts = client.job(job).status()
     _print_counts(job, counts)
-    print(json.dumps(counts))
+    cost = job_cost(client.index, job, settings.gpu_hour_usd)
+    console.print(f"engine {cost.gpu_seconds:.2f} GPU-s over {cost.batches} batches for {cost.engine_images} "
+                  f"images (the rest cached or failed) · {cost.img_per_s:.2f} img/s · "
+                  f"${cost.usd_per_1000_images:.4f} per 1,000 images at ${cost.gpu_hour_usd:.2f}/GPU-h "
+                  "(OCRQ_GPU_HOUR_USD)")
+    print(json.dumps({**counts, "cost": cost.as_dict()}))
 
 
 @app.command()
