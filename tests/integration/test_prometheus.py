@@ -5,8 +5,8 @@ every alert expression is evaluated over Prometheus' HTTP API and must return da
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
