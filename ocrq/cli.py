@@ -1,9 +1,11 @@
 """The ``ocrq`` command line. Each command builds the process's settings once and passes them on.
 
     ocrq up | down                              embedded stack (Redis, one worker, Flower)
+    ocrq flower                                 Flower on the ocrq app, behind basic auth
     ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
     ocrq status J | results J [--out F] | jobs  follow jobs
-    ocrq failed [--job J] | reprocess [--job J] the failed registry, and re-running it
+    ocrq failed [--job J --error T --since 2h] | failed show ID | failed purge   the failed registry
+    ocrq reprocess [--job J] [--error T] [--dry-run]                           re-run failed images
     ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
     ocrq metrics [--port 9808]                  Prometheus exporter (reads Redis)
     ocrq model make-random --size tiny|full --out DIR   random-weight HunyuanOCR checkpoint
@@ -25,12 +27,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ocrq.cli_failed import failed_app
 from ocrq.errors import OcrqError
 from ocrq.settings import Settings, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-queue fleet.")
 model_app = typer.Typer(no_args_is_help=True, help="Model checkpoints.")
 app.add_typer(model_app, name="model")
+app.add_typer(failed_app, name="failed")
 console = Console(stderr=True)
 
 
@@ -60,6 +64,19 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the worker to b
 
     for name, what in Stack(_settings()).up(wait=wait).items():
         console.print(f"[green]{name:7}[/] {what}")
+
+
+@app.command()
+def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) -> None:
+    """Run Flower in the foreground on the ocrq app, behind basic auth (OCRQ_FLOWER_BASIC_AUTH,
+    else a password generated into the var dir), as `ocrq up` and the compose stack do."""
+    from ocrq.stack import Stack, flower_argv
+
+    settings = _settings()
+    auth, where = Stack(settings).flower_auth()
+    console.print(f"flower on port {settings.flower_port}, basic auth from {where}")
+    argv = flower_argv(settings, auth, address=address)
+    os.execv(argv[0], argv)
 
 
 @app.command()
@@ -166,10 +183,19 @@ def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None
 
 @app.command()
 def status(job: str) -> None:
-    """Counts per status for JOB."""
-    counts = _client(_settings()).job(job).status()
+    """Counts per status for JOB, and what it cost: GPU-seconds, img/s, $ per 1,000 images."""
+    from ocrq.jobcost import job_cost
+
+    settings = _settings()
+    client = _client(settings)
+    counts = client.job(job).status()
     _print_counts(job, counts)
-    print(json.dumps(counts))
+    cost = job_cost(client.index, job, settings.gpu_hour_usd)
+    console.print(f"engine {cost.gpu_seconds:.2f} GPU-s over {cost.batches} batches for {cost.engine_images} "
+                  f"images (the rest cached or failed) · {cost.img_per_s:.2f} img/s · "
+                  f"${cost.usd_per_1000_images:.4f} per 1,000 images at ${cost.gpu_hour_usd:.2f}/GPU-h "
+                  "(OCRQ_GPU_HOUR_USD)")
+    print(json.dumps({**counts, "cost": cost.as_dict()}))
 
 
 @app.command()
@@ -192,21 +218,17 @@ def jobs() -> None:
 
 
 @app.command()
-def failed(job: str | None = typer.Option(None, "--job", "-j")) -> None:
-    """The failed registry: one JSON line per failed image with its typed error."""
-    client = _client(_settings())
-    for j, image_id in client.index.failed(job):
-        rec = client.index.get(j, [image_id])[0]
-        if rec is not None:
-            print(rec.model_dump_json(exclude_none=True))
-
-
-@app.command()
 def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
+              error: str | None = typer.Option(None, "--error", "-e", help="only failures of this error type"),
+              dry_run: bool = typer.Option(False, "--dry-run", help="list what would be re-published"),
               wait: bool = typer.Option(False, "--wait")) -> None:
-    """Re-run failed images (all jobs, or one) with a fresh attempt budget."""
+    """Re-run failed images (all jobs, or one) with a fresh attempt budget, on each job's own
+    queue and priority."""
     client = _client(_settings())
-    n = client.reprocess_failed(job)
+    n = client.reprocess_failed(job, error=error, dry_run=dry_run)
+    if dry_run:
+        console.print(f"would re-publish {n} failed images (dry run)")
+        return
     console.print(f"re-published {n} failed images")
     if wait and job:
         _print_counts(job, _wait(client.job(job), None))

@@ -16,6 +16,9 @@ Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
+    {prefix}failed/{job}/{image id}.json    durable mirror of the failed registry: the failed
+                                            record + task, params (``ocrq failed --from-store``);
+                                            stale once the result above is done again
 
 Ids: image id = sha256(job NUL ref)[:32]; chunk task id = sha256(job NUL first id NUL n)[:32];
 cache key = sha256(image bytes) . engine revision . task . sha256(params)[:16]
@@ -80,6 +83,13 @@ def result_object(job_name: str, image_id: str) -> str:
 
 def results_prefix(job_name: str) -> str:
     return f"results/{job_name}/"
+
+
+FAILED_OBJECTS = "failed/"
+
+
+def failed_object(job_name: str, image_id: str) -> str:
+    return f"{FAILED_OBJECTS}{job_name}/{image_id}.json"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

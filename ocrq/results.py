@@ -77,6 +77,12 @@ class ImageRecord(BaseModel):
     pages: int = 0
     #: Celery node name of the worker that wrote this record
     worker: str | None = None
+    #: engine seconds this image shared (its batch's time / batch size; pages summed); None for
+    #: cache hits and failures. Summed per job for GPU-seconds and cost (``ocrq status``)
+    engine_s: float | None = None
+    #: the engine call (batch) that read it and how many images that call held
+    batch: str | None = None
+    batch_size: int | None = None
     updated: float = 0.0
 
 

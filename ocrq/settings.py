@@ -156,6 +156,17 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     #: Flower port for `ocrq up`
     flower_port: int = 5555
+    #: Flower basic auth "user:pass" (comma-separate several). Unset: `ocrq up` generates a
+    #: password into {var_dir}/flower-auth (mode 0600); Flower never runs unauthenticated
+    flower_basic_auth: SecretStr | None = None
+    #: tasks Flower keeps in memory (oldest dropped first): bounds its RSS on a busy fleet
+    flower_max_tasks: int = 10_000
+    #: each worker serves its Prometheus /metrics here (0: off); one port per worker process
+    metrics_port: int = 9809
+    #: address the worker's metrics server binds (0.0.0.0 so Prometheus/KEDA can scrape pods)
+    metrics_addr: str = "0.0.0.0"
+    #: price of one GPU-hour in dollars: `ocrq status JOB` turns engine seconds into cost
+    gpu_hour_usd: float = 2.50
 
     @classmethod
     def settings_customise_sources(

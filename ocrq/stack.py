@@ -9,6 +9,7 @@ URL, it is used as is (and left running by ``down``).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -80,6 +81,21 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait(10)
 
 
+def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -> list[str]:
+    """Flower on the ocrq Celery app (``ocrq.celery_app``), so its Broker page and
+    ``/api/queues/length`` show the ocrq queues (with priority levels summed), behind basic auth,
+    with a bounded task memory. The compose stack runs the same command line."""
+    if not basic_auth or ":" not in basic_auth:
+        raise ValueError("Flower basic auth must be user:password (OCRQ_FLOWER_BASIC_AUTH)")
+    return [
+        sys.executable, "-m", "celery", "-A", "ocrq.celery_app", "flower",
+        f"--port={settings.flower_port}", f"--address={address}", f"--basic_auth={basic_auth}",
+        f"--max_tasks={settings.flower_max_tasks}", "--purge_offline_workers=300",
+        # the result column carries each chunk's outcome ("FAILED 1/3: NotFound×1")
+        "--tasks_columns=name,uuid,state,result,received,runtime,worker",
+    ]
+
+
 class Stack:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -125,14 +141,31 @@ class Stack:
             redis.Redis.from_url(url).delete(keys.worker_state(node))
             self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker", "--name", node], env)
         status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
+        if self.settings.metrics_port:
+            env["OCRQ_METRICS_PORT"] = str(self.settings.metrics_port)
+            env["OCRQ_METRICS_ADDR"] = "127.0.0.1"
+        auth, where = self.flower_auth()
         if not self.pid("flower"):
-            self._spawn("flower", [
-                sys.executable, "-m", "celery", "--broker", url, "flower",
-                f"--port={self.settings.flower_port}", "--address=127.0.0.1",
-            ], {"FLOWER_UNAUTHENTICATED_API": "true"})
-        status["flower"] = f"http://127.0.0.1:{self.settings.flower_port}"
+            self._spawn("flower", flower_argv(self.settings, auth, address="127.0.0.1"), env)
+        status["flower"] = f"http://127.0.0.1:{self.settings.flower_port} (basic auth: {where})"
+        if self.settings.metrics_port:
+            status["metrics"] = f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
         self.wait_worker(node, wait)
         return status
+
+    def flower_auth(self) -> tuple[str, str]:
+        """Flower's ``user:pass`` list and where it comes from: the setting, else a password
+        generated once into ``{var}/flower-auth`` (mode 0600), so Flower is never open."""
+        if self.settings.flower_basic_auth is not None:
+            return self.settings.flower_basic_auth.get_secret_value(), "OCRQ_FLOWER_BASIC_AUTH"
+        path = self.var / "flower-auth"
+        if not path.exists():
+            self.var.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"ops:{secrets.token_urlsafe(18)}\n")
+        os.chmod(path, 0o600)  # tighten a file an older version or a person left readable
+        return path.read_text().strip(), str(path)
 
     def _start_redis(self, url: str) -> str:
         binary = redis_binary()

@@ -28,6 +28,8 @@ class ResultStore(Protocol):
 
     def list(self, prefix: str) -> Iterator[str]: ...
 
+    def delete(self, path: str) -> None: ...
+
 
 def make_s3_client(store: StoreSettings) -> Any:
     """A boto3 S3 client for the configured endpoint (credentials: settings, else boto3's chain)."""
@@ -86,6 +88,13 @@ class LocalStore:
             yield str(p.relative_to(self.root))
 
 
+    def delete(self, path: str) -> None:
+        try:
+            self._path(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store delete {path}: {exc}") from exc
+
+
 class S3Store:
     def __init__(self, client: Any, bucket: str, prefix: str) -> None:
         self.client = client
@@ -129,6 +138,15 @@ class S3Store:
                     yield item["Key"][len(self.prefix):]
         except (BotoCoreError, ClientError) as exc:
             raise StorageUnavailable(f"S3 list {self.location}{prefix}: {exc}") from exc
+
+
+    def delete(self, path: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + path)
+        except (BotoCoreError, ClientError) as exc:
+            raise StorageUnavailable(f"S3 delete {self.location}{path}: {exc}") from exc
 
 
 def make_store(store: StoreSettings, s3_client: Any | None = None) -> ResultStore:

@@ -69,7 +69,9 @@ class Client:
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
         params = params or {}
-        self.index.create(job, {"task": task, "params": params})
+        # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
+        self.index.create(job, {"task": task, "params": params, "queue": queue or self.settings.queue.name,
+                                "priority": priority})
         size = self.settings.queue.chunk_size
         stream = expand(refs, self.settings.limits, s3_client=self.s3)
         published = 0
@@ -90,28 +92,34 @@ class Client:
                     published += len(part)
         return Job(self, job, published=published)
 
-    def reprocess_failed(self, job: str | None = None) -> int:
-        """Re-publish failed images with a fresh attempt budget; returns how many."""
-        by_job: dict[str, list[str]] = {}
-        for j, image_id in self.index.failed(job):
-            by_job.setdefault(j, []).append(image_id)
+    def reprocess_failed(self, job: str | None = None, *, error: str | None = None,
+                         dry_run: bool = False) -> int:
+        """Re-publish failed images (optionally one error type) with a fresh attempt budget, on
+        each job's own queue and priority; returns how many (would be, with ``dry_run``)."""
+        from ocrq.failed import from_redis
+
+        by_job: dict[str, list[ImageRecord]] = {}
+        for f in from_redis(self.index, job, error):
+            by_job.setdefault(f.record.job, []).append(f.record)
+        if dry_run:
+            return sum(len(recs) for recs in by_job.values())
         n = 0
         stamp = str(int(time.time()))
+        size = self.settings.queue.chunk_size
         with self.app.producer_or_acquire() as producer:
-            for j, ids in by_job.items():
+            for j, records in by_job.items():
                 meta = self.index.meta(j)
-                records = [r for r in self.index.get(j, ids) if r is not None and r.status == ImageStatus.failed]
                 queued = [ImageRecord(id=r.id, job=j, ref=r.ref, status=ImageStatus.queued) for r in records]
                 self.index.record(queued, mode="force")
                 items = [Item(id=r.id, ref=r.ref) for r in records]
-                size = self.settings.queue.chunk_size
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part)
                     self.app.send_task(
                         OCR_CHUNK_TASK, args=[chunk.to_message()],
                         task_id=keys.chunk_id(j, part[0].id, len(part)) + "-r" + stamp,
-                        queue=self.settings.queue.name, producer=producer,
+                        queue=meta.get("queue") or self.settings.queue.name, priority=meta.get("priority"),
+                        producer=producer,
                     )
                 n += len(items)
         return n

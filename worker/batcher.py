@@ -21,10 +21,12 @@ running ones leave (``inflight``), so admission, not the engine's queue, decides
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +76,7 @@ class EngineLoop:
         oom_retries: int = 3,
         logger: logging.Logger | None = None,
         oom_backoff_s: float = 0.02,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         self.engine = engine
         self.governor = governor
@@ -88,6 +91,9 @@ class EngineLoop:
         #: micro-batches the engine may run at once (1: one batch drains before the next starts)
         self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
         self._running = 0
+        #: engine seconds each in-flight request has shared so far (keyed by id of the request)
+        self._share: dict[int, float] = {}
+        self._clock = time.monotonic()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stop_deadline = 0.0
@@ -95,6 +101,9 @@ class EngineLoop:
         self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
                        "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
         self._last_batch_s = 0.0
+        #: (images, seconds) of every engine call that returned (worker.metrics)
+        self._on_batch = on_batch
+        self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -200,6 +209,9 @@ class EngineLoop:
         finally:
             done = {id(it) for it in batch}
             with self._cond:
+                self._account()
+                for item in batch:
+                    self._share.pop(id(item.request), None)
                 self._inflight = [it for it in self._inflight if id(it) not in done]
                 self._running -= 1
                 self._cond.notify_all()
@@ -246,6 +258,7 @@ class EngineLoop:
                     item.skips += 1
                 rest.append(item)
         self._pending = rest
+        self._account()
         self._inflight = self._inflight + batch
         self._running += 1
         return batch
@@ -280,10 +293,32 @@ class EngineLoop:
             self.log.debug("engine.reset_peak() failed", exc_info=True)
         started = time.monotonic()
         outcomes = self.engine.infer(requests)
-        self._last_batch_s = time.monotonic() - started
+        seconds = self._last_batch_s = time.monotonic() - started
         if len(outcomes) != len(requests):
             raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
+        if self._on_batch is not None:
+            self._on_batch(len(requests), seconds)
+        # each image's share of the engine's time: the cost per job (ocrq status) adds these up.
+        # With several batches in flight the engine's time is split over every image running.
+        with self._cond:
+            self._account()
+            shares = [self._share.get(id(r), seconds / len(requests)) for r in requests]
+        batch_id = next(self._batch_ids)
+        for outcome, engine_s in zip(outcomes, shares, strict=True):
+            if isinstance(outcome, OcrOutput):
+                outcome.meta["batch"] = {"id": batch_id, "size": len(requests), "engine_s": round(engine_s, 6)}
         return outcomes
+
+    def _account(self) -> None:
+        """Split the engine time since the last change of the in-flight set over the images in
+        flight (caller holds the lock)."""
+        now = time.monotonic()
+        if self._inflight:
+            each = (now - self._clock) / len(self._inflight)
+            for item in self._inflight:
+                key = id(item.request)
+                self._share[key] = self._share.get(key, 0.0) + each
+        self._clock = now
 
     def _execute(self, items: list[_Item], depth: int) -> None:
         if not items:

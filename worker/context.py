@@ -19,6 +19,7 @@ from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.engines.base import Engine, OcrRequest
+from worker.metrics import WorkerMetrics
 
 log = logging.getLogger("ocrq.worker")
 
@@ -34,6 +35,7 @@ class WorkerContext:
     engine: Engine
     loop: Any  # worker.batcher.EngineLoop
     fetch_pool: ThreadPoolExecutor
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
     governor_key: str | None = None
     _saved_observations: int = -1
@@ -68,12 +70,13 @@ class WorkerContext:
         self._saved_observations = seen
 
     def close(self) -> None:
+        self.metrics.close()
         self.loop.stop(timeout=30)
         self.engine.close()
         self.fetch_pool.shutdown(wait=False, cancel_futures=True)
 
 
-def build_context(settings: Settings) -> WorkerContext:
+def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
     from worker.batcher import EngineLoop
     from worker.engines import build_engine
     from worker.governor import Governor
@@ -87,11 +90,16 @@ def build_context(settings: Settings) -> WorkerContext:
     governor = Governor.from_settings(settings.batch, engine, probe)
     client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
     governor_key = restore_governor(governor, client, settings, engine.revision)
+    metrics = WorkerMetrics()
     loop = EngineLoop(
         engine, governor, probe,
         linger_s=settings.batch.linger_ms / 1000, oom_retries=settings.batch.oom_retries,
+        on_batch=metrics.observe_batch,
     )
     loop.start()
+    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name])
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_addr, settings.metrics_port)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)
@@ -100,7 +108,7 @@ def build_context(settings: Settings) -> WorkerContext:
         settings=settings, redis=client, s3_client=s3, store=store,
         cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key,
+        governor_key=governor_key, metrics=metrics,
     )
 
 

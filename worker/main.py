@@ -32,7 +32,7 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
     @signals.worker_init.connect(weak=False)
     def _start_engine(**_: Any) -> None:
         # the engine is ready before the consumer takes its first message
-        holder["ctx"] = build_context(settings)
+        holder["ctx"] = build_context(settings, queues)
 
     @signals.worker_shutdown.connect(weak=False)
     def _stop_engine(**_: Any) -> None:

@@ -41,6 +41,10 @@ class Prepared:
     cache_key: str
 
 
+#: failed images named one by one in a chunk's result (Flower's task page); the rest are counted
+_NAMED_FAILURES = 8
+
+
 @dataclass
 class ChunkReport:
     done: int = 0
@@ -48,9 +52,32 @@ class ChunkReport:
     failed: int = 0
     retry: list[Item] = field(default_factory=list)
     countdown: float = 0.0
+    #: (ref, error type, message) of each image that failed for good in this attempt
+    failures: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def fail(self, item: Item, err: OcrqError) -> None:
+        self.failed += 1
+        self.failures.append((item.ref, type(err).__name__, str(err)))
 
     def summary(self) -> dict[str, Any]:
-        return {"done": self.done, "cached": self.cached, "failed": self.failed, "retry": len(self.retry)}
+        """The chunk task's result, as Flower's task list and task page show it: ``outcome``
+        first, so a chunk with failed images reads as such although its state is SUCCESS."""
+        total = self.done + self.failed + len(self.retry)
+        by_type: dict[str, int] = {}
+        for _, kind, _ in self.failures:
+            by_type[kind] = by_type.get(kind, 0) + 1
+        if self.failed:
+            outcome = f"FAILED {self.failed}/{total}: " + ", ".join(f"{k}×{n}" for k, n in sorted(by_type.items()))
+        elif self.retry:
+            outcome = f"RETRY {len(self.retry)}/{total}"
+        else:
+            outcome = f"ok {self.done}/{total}"
+        out: dict[str, Any] = {"outcome": outcome, "done": self.done, "cached": self.cached,
+                               "failed": self.failed, "retry": len(self.retry)}
+        if self.failures:
+            out["errors"] = [{"ref": ref, "type": kind, "message": msg[:300]}
+                             for ref, kind, msg in self.failures[:_NAMED_FAILURES]]
+        return out
 
 
 def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
@@ -78,8 +105,9 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
 
     # 3. cache check: one MGET for the chunk; hits never reach the engine
     hits = ctx.cache.get_many([p.cache_key for p in prepared.values()])
-    log.info("→ cache %s hits=%d misses=%d", tag, sum(p.cache_key in hits for p in prepared.values()),
-             sum(p.cache_key not in hits for p in prepared.values()))
+    n_hits = sum(p.cache_key in hits for p in prepared.values())
+    ctx.metrics.observe_cache(n_hits, len(prepared) - n_hits)
+    log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(prepared) - n_hits)
 
     # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
     t1 = time.monotonic()
@@ -124,7 +152,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
                 report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
                 records.append(_record(chunk, item, ImageStatus.retrying, err, got, worker=worker))
                 continue
-            report.failed += 1
+            report.fail(item, err)
             rec = _record(chunk, item, ImageStatus.failed, err, got, worker=worker)
             docs.append(ImageResult(record=rec))
         else:
@@ -133,15 +161,21 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             cached = got.cache_key in hits or item.id in shared
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
                           worker=worker)
+            if not cached:
+                rec = rec.model_copy(update=_engine_share(outs))
             report.done += 1
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    list(ctx.fetch_pool.map(
-        lambda d: ctx.store.put_json(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")),
-        docs,
-    ))
+    writes = [(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")) for d in docs]
+    # the failed registry's durable mirror: losing Redis does not lose what failed
+    writes += [(keys.failed_object(d.record.job, d.record.id),
+                {"record": d.record.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
+                 "failed_at": time.time()})
+               for d in docs if d.record.status == ImageStatus.failed]
+    list(ctx.fetch_pool.map(lambda w: ctx.store.put_json(*w), writes))
     ctx.index.record(records)
+    ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
 
     # 6. ack (by returning) — or hand the retryable images back to the broker, alone
@@ -162,6 +196,15 @@ def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | No
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None,
     )
+
+
+def _engine_share(outputs: list[OcrOutput]) -> dict[str, Any]:
+    """The engine seconds an image shared (its pages' batch time / batch size) and its batch."""
+    shares = [o.meta["batch"] for o in outputs if isinstance(o.meta.get("batch"), dict)]
+    if not shares:
+        return {}
+    return {"engine_s": round(sum(float(b.get("engine_s", 0)) for b in shares), 6),
+            "batch": shares[0].get("id"), "batch_size": shares[0].get("size")}
 
 
 def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
@@ -196,14 +239,14 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError) -> ChunkReport:
         if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
             report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
         else:
-            report.failed += 1
+            report.fail(item, err)
     q = ctx.settings.queue
     report.countdown = backoff(min((i.attempt for i in chunk.items), default=1), q.backoff_base, q.backoff_max)
+    records = [_record(chunk, it, ImageStatus.retrying if should_retry(err, it.attempt, q.max_attempts)
+                       else ImageStatus.failed, err) for it in chunk.items]
+    ctx.metrics.observe_records(chunk.task, records)
     try:
-        ctx.index.record([
-            _record(chunk, it, ImageStatus.retrying if should_retry(err, it.attempt, q.max_attempts)
-                    else ImageStatus.failed, err) for it in chunk.items
-        ])
+        ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)
     return report

@@ -53,7 +53,7 @@ def test_queue_depth_jobs_and_worker_state(redis_url, redis_client, start_worker
         # Then the queue is empty, the job's images are done and the worker's state is exported
         assert after['ocrq_queue_depth{queue="ocrq"}'] == 0
         assert after['ocrq_job_images{job="metered",status="done"}'] == 9
-        assert any(k.startswith('ocrq_worker{worker="m@') and 'field="prefetch"' in k for k in after)
+        assert any(k.startswith("ocrq_worker{") and 'worker="m@' in k and 'field="prefetch"' in k for k in after)
     finally:
         exporter.terminate()
         exporter.wait(10)

@@ -1,8 +1,11 @@
-"""The shipped configuration files stay in step with the settings model: every YAML profile
-loads, and every OCRQ_* variable docker-compose.yml sets names a real settings field."""
+"""The shipped configuration files stay in step with the settings model and each other: every
+YAML profile loads; docker-compose.yml is valid against the compose-spec schema and every OCRQ_*
+variable, build file and mounted path it names exists; ops/ (Prometheus, Grafana, KEDA) agree."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,7 @@ def _field_exists(path: list[str]) -> bool:
 
 
 def test_compose_environment_names_real_settings() -> None:
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose = _compose()
     names: set[str] = set()
     for block in [compose.get("x-ocrq-env", {})] + [svc.get("environment", {}) for svc in compose["services"].values()]:
         names |= {k for k in block if k.startswith("OCRQ_") and k != "OCRQ_CONFIG"}
@@ -54,3 +57,88 @@ def test_compose_environment_names_real_settings() -> None:
         config = (svc.get("environment") or {}).get("OCRQ_CONFIG")
         if config:
             assert (ROOT / config.removeprefix("/app/")).exists(), config
+
+
+# --- docker-compose.yml, validated for real (no Docker engine here) ---------------------------
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+
+
+def _interpolate(text: str) -> str:
+    """Compose's variable substitution with every variable unset: ${X:-default} → default,
+    ${X} → "", $$ → $ (what `docker compose config` does before validating)."""
+    return _VAR.sub(lambda m: m.group(2) or "", text).replace("$$", "$")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(_interpolate((ROOT / "docker-compose.yml").read_text()))
+
+
+def _environment(svc: dict) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):  # the KEY=VALUE list form
+        return dict(item.partition("=")[::2] for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_compose_file_is_valid_compose_spec() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "tests" / "fixtures" / "compose" / "compose-spec.json").read_text())
+    compose = _compose()
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(compose), key=str)
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+    # the validator does reject a broken file (the check can fail)
+    broken = {**compose, "services": {"x": {"image": 3, "ports": "5555"}}}
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(broken))
+
+
+def test_compose_services_reference_real_files_settings_and_images() -> None:
+    compose = _compose()
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"redis", "worker-cpu", "flower", "prometheus", "grafana"} <= set(services)
+    for name, svc in services.items():
+        build = svc.get("build")
+        if build:
+            context = ROOT / build.get("context", ".")
+            assert context.is_dir(), name
+            assert (context / build.get("dockerfile", "Dockerfile")).is_file(), name
+        else:
+            image = svc["image"]
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin {image}"
+        for volume in raw["services"][name].get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):  # not "${MODEL_DIR:-./models}": the operator's own data
+                assert (ROOT / source).exists(), f"{name}: {source}"
+        bad = [k for k in _environment(svc) if k.startswith("OCRQ_") and k != "OCRQ_CONFIG"
+               and not _field_exists(k[len("OCRQ_"):].lower().split("__"))]
+        assert not bad, f"{name}: {bad} are not settings"
+    # Flower runs as `ocrq up` runs it: the ocrq app, behind basic auth
+    flower = services["flower"]
+    assert flower["command"] == ["ocrq", "flower"]
+    assert _environment(flower)["OCRQ_FLOWER_BASIC_AUTH"].count(":") == 1
+
+
+def test_ops_configs_agree_with_each_other() -> None:
+    prom = yaml.safe_load((ROOT / "ops" / "prometheus.yml").read_text())
+    for rule_file in prom["rule_files"]:
+        assert (ROOT / "ops" / rule_file).is_file()
+    targets = [t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
+    compose = _compose()
+    for target in targets:
+        host, port = target.split(":")
+        assert host in compose["services"], target
+        assert _environment(compose["services"][host]).get("OCRQ_METRICS_PORT",
+                                                            compose["x-ocrq-env"]["OCRQ_METRICS_PORT"]) == port
+    assert Settings.model_fields["metrics_port"].default == 9809
+    datasources = yaml.safe_load((ROOT / "ops/grafana/provisioning/datasources/prometheus.yml").read_text())
+    uids = {d["uid"] for d in datasources["datasources"]}
+    dash = json.loads((ROOT / "ops/grafana/dashboards/ocrq.json").read_text())
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] in uids, panel["title"]
+        assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
+    keda = list(yaml.safe_load_all((ROOT / "ops" / "keda-scaledobject.yaml").read_text()))
+    scaled = next(d for d in keda if d["kind"] == "ScaledObject")
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert {t["type"] for t in scaled["spec"]["triggers"]} == {"redis", "prometheus"}

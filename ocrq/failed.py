@@ -1,0 +1,113 @@
+"""The failed registry, read and pruned: the Redis ZSET (``keys.FAILED``, scored by failure time)
+and its durable mirror in the store (``keys.failed_object``), which the worker writes beside each
+failed image's result so losing Redis does not lose the list of what failed.
+
+A store entry is stale once the image's result document is no longer ``failed`` (it was
+reprocessed and succeeded); ``from_store`` skips those.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ocrq import keys
+from ocrq.jobs import JobIndex
+from ocrq.results import ImageRecord, ImageStatus
+from ocrq.storage import ResultStore
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+@dataclass
+class FailedImage:
+    record: ImageRecord
+    #: epoch seconds it entered the registry
+    failed_at: float
+    task: str | None = None
+    params: dict[str, Any] | None = None
+
+    def line(self) -> dict[str, Any]:
+        return {**self.record.model_dump(mode="json", exclude_none=True), "failed_at": self.failed_at}
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``30m``, ``2h``, ``7d`` (ago) or an ISO-8601 time → epoch seconds."""
+    now = time.time() if now is None else now
+    m = _DURATION.match(text.strip().lower())
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ValueError(f"--since {text!r}: use 30m, 2h, 7d or an ISO time (2026-11-30T08:00)") from exc
+    return moment.timestamp()
+
+
+def _matches(rec: ImageRecord, error: str | None) -> bool:
+    return error is None or (rec.error is not None and rec.error.type == error)
+
+
+def from_redis(index: JobIndex, job: str | None = None, error: str | None = None,
+               since: float | None = None) -> Iterator[FailedImage]:
+    """Oldest first. Members are read in pages; records of one job are read in one HMGET."""
+    members = index.redis.zrangebyscore(keys.FAILED, since if since is not None else "-inf", "+inf",
+                                        withscores=True)
+    by_job: dict[str, list[tuple[str, float]]] = {}
+    for member, score in members:
+        j, _, image_id = member.decode().partition("/")
+        if job is None or j == job:
+            by_job.setdefault(j, []).append((image_id, float(score)))
+    found: list[FailedImage] = []
+    for j, entries in by_job.items():
+        records = index.get(j, [i for i, _ in entries])
+        for (_, score), rec in zip(entries, records, strict=True):
+            if rec is not None and rec.status == ImageStatus.failed and _matches(rec, error):
+                found.append(FailedImage(rec, score))
+    yield from sorted(found, key=lambda f: f.failed_at)
+
+
+def from_store(store: ResultStore, job: str | None = None, error: str | None = None,
+               since: float | None = None) -> Iterator[FailedImage]:
+    """The durable mirror (no Redis needed), skipping images whose result is no longer failed."""
+    prefix = keys.FAILED_OBJECTS + (f"{job}/" if job else "")
+    for path in store.list(prefix):
+        doc = store.get_json(path)
+        if not doc:
+            continue
+        rec = ImageRecord.model_validate(doc["record"])
+        failed_at = float(doc.get("failed_at") or rec.updated)
+        if not _matches(rec, error) or (since is not None and failed_at < since):
+            continue
+        current = store.get_json(keys.result_object(rec.job, rec.id))
+        if current and current.get("record", {}).get("status") != ImageStatus.failed.value:
+            continue  # reprocessed since
+        yield FailedImage(rec, failed_at, doc.get("task"), doc.get("params"))
+
+
+def find(index: JobIndex, image: str) -> tuple[str, str] | None:
+    """``job/id`` or a bare image id (unique across jobs by construction) → (job, id)."""
+    if "/" in image:
+        j, _, image_id = image.partition("/")
+        return j, image_id
+    for j, image_id in index.failed():
+        if image_id == image:
+            return j, image_id
+    return None
+
+
+def purge(index: JobIndex, store: ResultStore, job: str | None = None, error: str | None = None) -> int:
+    """Forget failed images (from the registry and its mirror); their job records stay failed."""
+    doomed = list(from_redis(index, job, error))
+    stored = {(f.record.job, f.record.id) for f in from_store(store, job, error)}
+    pairs = {(f.record.job, f.record.id) for f in doomed} | stored
+    if doomed:
+        index.redis.zrem(keys.FAILED, *(keys.failed_member(f.record.job, f.record.id) for f in doomed))
+    for j, image_id in pairs:
+        store.delete(keys.failed_object(j, image_id))
+    return len(pairs)
