@@ -8,7 +8,7 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm lint typecheck format up down clean
+.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
@@ -74,6 +74,16 @@ test: install-vllm check-ops
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
+	$(PY) -m bench.chaos --quick
+
+# The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
+# workers and moto's S3 under kills, Redis restarts, an S3 outage and an OOM storm; the table
+# goes to docs/reliability.md. The quick form (part of `make test`) uses short reaper timings.
+reliability: install
+	$(PY) -m bench.chaos
+
+reliability-quick: install
+	$(PY) -m bench.chaos --quick
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

@@ -5,6 +5,7 @@
     │   ├── EngineOOM          device memory ran out (the batcher bisects before raising it)
     │   ├── EngineTimeout      the engine did not answer in time
     │   ├── EngineCrashed      the engine died; it is rebuilt, the image retried
+    │   ├── EngineUnavailable  no engine server answers (every vLLM endpoint down or refusing)
     │   └── StorageUnavailable Redis/S3/HTTP source unreachable or 5xx
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
@@ -13,7 +14,10 @@
         ├── BadImage           bytes are not a decodable image
         ├── UnsupportedFormat  decodable container but a format we do not accept
         ├── TooLargeForDevice  one image alone does not fit the device even at a lower pixel cap
-        └── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
+        ├── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
+        └── RetriesExhausted   a retryable error kept happening until ``queue.max_attempts`` ran
+                               out; its message names the last real cause
+                               ("after 4 attempts: EngineOOM: ...")
 
 Every error serialises to ``{"type": ClassName, "message": str, "retryable": bool}`` which is
 what a failed image records on its task.
@@ -53,6 +57,10 @@ class EngineCrashed(Retryable):
     pass
 
 
+class EngineUnavailable(Retryable):
+    pass
+
+
 class StorageUnavailable(Retryable):
     pass
 
@@ -88,12 +96,16 @@ class BadRequest(Permanent):
 class RetriesExhausted(Permanent):
     """A retryable error that kept happening until the attempt budget ran out."""
 
+    @classmethod
+    def after(cls, attempts: int, last: OcrqError) -> RetriesExhausted:
+        return cls(f"after {attempts} attempts: {type(last).__name__}: {last}")
+
 
 _BY_NAME: dict[str, type[OcrqError]] = {
     cls.__name__: cls
     for cls in (
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
-        StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
+        EngineUnavailable, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
         TooLargeForDevice, BadRequest, RetriesExhausted,
     )
 }

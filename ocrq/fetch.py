@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
-from ocrq.refs import _CHUNK, Ref, _s3_error, parse
+from ocrq.refs import _CHUNK, Ref, parse
+from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
 
@@ -85,7 +86,7 @@ def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:
         finally:
             body.close()
     except (ClientError, BotoCoreError, OSError) as exc:
-        raise _s3_error(exc, ref.value) from exc
+        raise s3_error(exc, ref.value) from exc
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):

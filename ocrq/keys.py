@@ -11,6 +11,8 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
     ocrq:workers:{hostname}           HASH  governor/engine state for metrics      60 s, refreshed
     ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
+    ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
+    ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
 
 Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
 
@@ -55,6 +57,17 @@ def cache(cache_key: str) -> str:
 
 def worker_state(hostname: str) -> str:
     return f"{PREFIX}workers:{hostname}"
+
+
+def held_tags(hostname: str) -> str:
+    """The broker delivery tags worker ``hostname`` holds unacked: its claim on them. When the
+    key expires (no refresh for ``redis.dead_worker_s``) the reaper may put them back
+    (worker.reaper)."""
+    return f"{PREFIX}held:{hostname}"
+
+
+#: unacked delivery tags no live worker claims, with when a sweep first saw them (worker.reaper)
+REAPER_SUSPECTS = PREFIX + "reaper:suspects"
 
 
 def governor_profile(fingerprint: str) -> str:

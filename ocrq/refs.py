@@ -42,7 +42,8 @@ from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
+from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable
+from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"})
@@ -55,11 +56,6 @@ _CHUNK = 1 << 16
 # Two or more characters so a Windows drive letter is not a scheme; a relative local name with a
 # colon needs "./" (as in RFC 3986).
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-_S3_RETRYABLE = frozenset({
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "ExpiredToken", "RequestLimitExceeded",
-})
-_S3_MISSING = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
 
 
 @dataclass(frozen=True)
@@ -288,7 +284,7 @@ def _s3_lines(s3: Any, ref: Ref) -> Iterator[str]:
         with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
             yield from text
     except (ClientError, BotoCoreError, OSError) as exc:
-        raise _s3_error(exc, ref.value) from exc
+        raise s3_error(exc, ref.value) from exc
 
 
 def _list_s3(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
@@ -299,7 +295,7 @@ def _list_s3(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
                 if not key.endswith("/") and _suffix(key.rpartition("/")[2]) in IMAGE_EXTENSIONS:
                     yield f"s3://{bucket}/{key}"
     except (ClientError, BotoCoreError, OSError) as exc:
-        raise _s3_error(exc, f"s3://{bucket}/{prefix}") from exc
+        raise s3_error(exc, f"s3://{bucket}/{prefix}") from exc
 
 
 def _jsonl_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None]]:
@@ -339,17 +335,3 @@ def _csv_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None]]:
             continue
         value = row[column].strip() if column < len(row) else ""
         yield reader.line_num, value or None
-
-
-def _s3_error(exc: Exception, ref: str) -> OcrqError:
-    """Map a boto3/botocore/transport exception to the error tree."""
-    response = exc.response if isinstance(exc, ClientError) else None
-    if response is None:  # BotoCoreError, urllib3/socket errors: transport
-        return StorageUnavailable(f"S3 unavailable for {ref}: {exc}")
-    code = str(response.get("Error", {}).get("Code", ""))
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    if code in _S3_MISSING or status == 404:
-        return MissingObject(f"no such S3 object: {ref} ({code or status})")
-    if code in _S3_RETRYABLE or status in (408, 429) or status >= 500:
-        return StorageUnavailable(f"S3 error for {ref}: {code or status}")
-    return RefusedRef(f"S3 refused {ref}: {code or status}")

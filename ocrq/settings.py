@@ -29,6 +29,12 @@ class RedisSettings(BaseModel):
     #: seconds between sweeps that hand expired unacked messages (a dead worker's) back to the
     #: queue; redelivery after a crash takes visibility_timeout + up to this
     unacked_restore_s: int = 60
+    #: a worker that has not refreshed its claim on the messages it holds for this long is dead:
+    #: its unacked messages go back to the queue within this + 2 × reaper_interval_s (worker.reaper)
+    dead_worker_s: int = 60
+    #: seconds between a worker's sweeps for dead workers' messages (an orphan is restored on
+    #: the second sweep that finds it unclaimed)
+    reaper_interval_s: int = 20
     #: TTL of hot cache entries in Redis (the durable copy lives in the store)
     cache_ttl: int = 7 * 24 * 3600
     #: TTL of job indexes and image summaries

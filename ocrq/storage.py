@@ -2,7 +2,8 @@
 
 Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
 idempotent (same key, same content), so a redelivered message can rewrite them safely.
-Failures to reach the store raise ``StorageUnavailable`` (retryable); a missing object is ``None``.
+A missing object reads as ``None``; other failures raise ``StorageUnavailable`` (retryable) locally,
+and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping refs use).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from ocrq.errors import StorageUnavailable
+from ocrq.errors import MissingObject, StorageUnavailable
+from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
 
 
@@ -111,7 +113,7 @@ class S3Store:
                 ContentType="application/json",
             )
         except (BotoCoreError, ClientError) as exc:
-            raise StorageUnavailable(f"S3 put {self.location}{path}: {exc}") from exc
+            raise s3_error(exc, f"{self.location}{path} (put)") from exc
 
     def get_json(self, path: str) -> Any | None:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -119,12 +121,11 @@ class S3Store:
         try:
             obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + path)
             return json.loads(obj["Body"].read())
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+        except (BotoCoreError, ClientError) as exc:
+            err = s3_error(exc, f"{self.location}{path} (get)")
+            if isinstance(err, MissingObject):
                 return None
-            raise StorageUnavailable(f"S3 get {self.location}{path}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StorageUnavailable(f"S3 get {self.location}{path}: {exc}") from exc
+            raise err from exc
 
     def list(self, prefix: str) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -137,7 +138,7 @@ class S3Store:
                 for item in page.get("Contents", []):
                     yield item["Key"][len(self.prefix):]
         except (BotoCoreError, ClientError) as exc:
-            raise StorageUnavailable(f"S3 list {self.location}{prefix}: {exc}") from exc
+            raise s3_error(exc, f"{self.location}{prefix} (list)") from exc
 
 
     def delete(self, path: str) -> None:

@@ -12,6 +12,7 @@ from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker.context import WorkerContext, build_context
 from worker.prefetch import make_prefetch_step
+from worker.reaper import make_reaper_step
 from worker.tasks import register_tasks
 
 log = logging.getLogger("ocrq.worker")
@@ -28,6 +29,10 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
     register_tasks(app, get_ctx)
     conc = concurrency or settings.queue.concurrency
     app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc))
+    app.steps["consumer"].add(make_reaper_step(
+        lambda: ctx.redis if (ctx := holder.get("ctx")) else None,
+        settings.redis.dead_worker_s, settings.redis.reaper_interval_s,
+    ))
 
     @signals.worker_init.connect(weak=False)
     def _start_engine(**_: Any) -> None:

@@ -28,7 +28,7 @@ from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOu
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.images import Page, decode, sha256_hex
-from worker.retry import backoff, should_retry
+from worker.retry import backoff, final_error
 
 log = logging.getLogger("ocrq.task")
 
@@ -147,14 +147,9 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     for item in chunk.items:
         got = prepared.get(item.id)
         if item.id in errors:
-            err = errors[item.id]
-            if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
-                report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
-                records.append(_record(chunk, item, ImageStatus.retrying, err, got, worker=worker))
-                continue
-            report.fail(item, err)
-            rec = _record(chunk, item, ImageStatus.failed, err, got, worker=worker)
-            docs.append(ImageResult(record=rec))
+            rec = _settle(ctx, chunk, item, errors[item.id], got, worker, report)
+            if rec.status is ImageStatus.failed:
+                docs.append(ImageResult(record=rec))
         else:
             assert got is not None
             outs = hits[got.cache_key] if got.cache_key in hits else outputs[item.id]
@@ -169,9 +164,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
         records.append(rec)
     writes = [(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")) for d in docs]
     # the failed registry's durable mirror: losing Redis does not lose what failed
-    writes += [(keys.failed_object(d.record.job, d.record.id),
-                {"record": d.record.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
-                 "failed_at": time.time()})
+    writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
     list(ctx.fetch_pool.map(lambda w: ctx.store.put_json(*w), writes))
     ctx.index.record(records)
@@ -179,12 +172,35 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
 
     # 6. ack (by returning) — or hand the retryable images back to the broker, alone
-    if report.retry:
-        q = ctx.settings.queue
-        report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
+    _set_countdown(ctx, report)
     log.info("← ack %s done=%d cached=%d failed=%d retry=%d %.2fs", tag, report.done, report.cached,
              report.failed, len(report.retry), time.monotonic() - t0)
     return report
+
+
+def _settle(ctx: WorkerContext, chunk: Chunk, item: Item, err: OcrqError, prep: Prepared | None,
+            worker: str | None, report: ChunkReport) -> ImageRecord:
+    """The one place an image's error becomes either another attempt (queued on ``report``,
+    recorded ``retrying``) or its final ``failed`` record (the permanent error, or
+    ``RetriesExhausted`` naming the last cause once the attempt budget is spent)."""
+    final = final_error(err, item.attempt, ctx.settings.queue.max_attempts)
+    if final is None:
+        report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
+        return _record(chunk, item, ImageStatus.retrying, err, prep, worker=worker)
+    report.fail(item, final)
+    return _record(chunk, item, ImageStatus.failed, final, prep, worker=worker)
+
+
+def _failed_entry(chunk: Chunk, rec: ImageRecord) -> dict[str, Any]:
+    """The failed registry's durable mirror of one image (what ``ocrq failed --from-store`` reads)."""
+    return {"record": rec.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
+            "failed_at": time.time()}
+
+
+def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
+    if report.retry:
+        q = ctx.settings.queue
+        report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
 
 
 def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
@@ -217,7 +233,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         try:
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
-            report = _retry_all(ctx, chunk, exc)
+            report = _retry_all(ctx, chunk, exc, self.request.hostname)
         if report.retry:
             retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
             try:
@@ -232,20 +248,17 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     return ocr_chunk
 
 
-def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError) -> ChunkReport:
+def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | None) -> ChunkReport:
     log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
     report = ChunkReport()
-    for item in chunk.items:
-        if should_retry(err, item.attempt, ctx.settings.queue.max_attempts):
-            report.retry.append(item.model_copy(update={"attempt": item.attempt + 1}))
-        else:
-            report.fail(item, err)
-    q = ctx.settings.queue
-    report.countdown = backoff(min((i.attempt for i in chunk.items), default=1), q.backoff_base, q.backoff_max)
-    records = [_record(chunk, it, ImageStatus.retrying if should_retry(err, it.attempt, q.max_attempts)
-                       else ImageStatus.failed, err) for it in chunk.items]
+    records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
+    _set_countdown(ctx, report)
     ctx.metrics.observe_records(chunk.task, records)
     try:
+        for rec in records:
+            if rec.status is ImageStatus.failed:
+                ctx.store.put_json(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
+                ctx.store.put_json(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
         ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)

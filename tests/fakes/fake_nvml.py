@@ -33,6 +33,8 @@ class FakePynvmlModule:
 
     devices: list[tuple[str, int, int]]
     fail_init: bool = False
+    #: the next this-many memory reads raise (a driver hiccup), then reads work again
+    fail_reads: int = 0
     calls: list[str] = field(default_factory=list)
     NVMLError: type[Exception] = FakeNVMLError
 
@@ -62,5 +64,8 @@ class FakePynvmlModule:
         return self.devices[handle][0].encode()
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        if self.fail_reads > 0:
+            self.fail_reads -= 1
+            raise FakeNVMLError("GPU is lost")
         _, total, used = self.devices[handle]
         return SimpleNamespace(total=total, free=total - used, used=used)

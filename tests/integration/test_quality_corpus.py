@@ -1,137 +1,52 @@
-"""OCR quality of the CPU engine on the shared research corpus (English images with ground truth).
+"""OCR quality of the CPU engine on the shared research corpus, held to thresholds.
 
-Writes docs/quality.md. No threshold yet: the test pins that every image gives a result and the
-mean CER is a sane number; the table is the baseline later changes are compared against. The
-corpus lives next to the repository (research-only licence: read here, never copied into it).
+The baseline (docs/quality.md, written by ``python -m bench.quality``, never by this test) is a
+mean loose CER of 0.253 and a mean bag error of 0.073 over 22 English images; the thresholds
+leave room for noise but not for a regression (a broken detector, a wrong decode, a reading
+order scrambled beyond the bag score's tolerance). The corpus lives next to the repository.
 """
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
-import math
-import os
-import platform
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-from PIL import Image, ImageOps
 
-from bench.cer import bag_error, cer, normalise, normalise_loose
-from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings, LimitSettings
-from worker.engines.base import OcrRequest
-from worker.engines.rapid import RapidOcrEngine
+from bench.quality import CORPUS, REPORT, english_images, score, score_corpus
 
 pytestmark = pytest.mark.integration
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "docs"
-REPORT = Path(__file__).resolve().parents[2] / "docs" / "quality.md"
-
-
-@dataclass(frozen=True)
-class Score:
-    name: str
-    kind: str
-    chars: int
-    cer: float
-    loose: float
-    bag: float
-    seconds: float
-
-
-def english_images() -> list[dict[str, str]]:
-    with (CORPUS / "manifest.tsv").open(encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t"))
-    return [r for r in rows if r["language"] == "en" and r["ground_truth_file"] != "-"]
-
-
-def decode(path: Path, max_pixels: int) -> Image.Image:
-    """What the worker's intake does: EXIF-upright, RGB, downscaled to the pixel cap."""
-    with Image.open(path) as img:
-        rgb = ImageOps.exif_transpose(img).convert("RGB")
-    if rgb.width * rgb.height > max_pixels:
-        scale = math.sqrt(max_pixels / (rgb.width * rgb.height))
-        size = (max(1, int(rgb.width * scale)), max(1, int(rgb.height * scale)))
-        rgb = rgb.resize(size, Image.Resampling.LANCZOS)
-    return rgb
-
-
-def write_report(scores: list[Score], engine: RapidOcrEngine) -> None:
-    n = len(scores)
-    mean = {k: sum(getattr(s, k) for s in scores) / n for k in ("cer", "loose", "bag", "seconds")}
-    lines = [
-        "# OCR quality: RapidOCR on the research corpus",
-        "",
-        "Written by `tests/integration/test_quality_corpus.py` (run it to refresh). Images:",
-        "the English images of `shared/corpus/docs` that have ground truth (its README lists the",
-        "sources; research-only licence, so the images are read in place, never copied here),",
-        "decoded like the worker does (EXIF transpose, RGB, downscaled to"
-        f" {LimitSettings().max_pixels:,} pixels).",
-        "",
-        f"- date: {dt.date.today().isoformat()}",
-        f"- engine: `{engine.name}`, revision `{engine.revision}`",
-        f"- params: `{engine.params}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python"
-        f" {platform.python_version()}",
-        "",
-        "Scores (all are edit or multiset distances divided by the reference length; lower is",
-        "better):",
-        "",
-        "- **CER**: Levenshtein over characters after collapsing every whitespace run (newlines",
-        "  included) to one space and trimming. Case-sensitive and order-sensitive.",
-        "- **loose CER**: the same after case-folding and removing all whitespace. SROIE labels",
-        "  are upper-case and WildReceipt labels have their spaces removed, so this is the fairer",
-        "  number for them.",
-        "- **bag**: order-insensitive (multiset of characters, loose normalisation): SROIE, FUNSD,",
-        "  ICDAR2015 and WildReceipt list one item per annotated box in annotation order, not",
-        "  reading order, so part of their CER is order, not recognition. FUNSD forms and",
-        "  ICDAR2015 scene photos also label only some of the text the engine reads.",
-        "",
-        "| image | kind | chars | CER | loose CER | bag | seconds |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for s in scores:
-        lines.append(f"| {s.name} | {s.kind} | {s.chars} | {s.cer:.3f} | {s.loose:.3f} | {s.bag:.3f}"
-                     f" | {s.seconds:.2f} |")
-    lines.append(f"| **mean of {n}** | | {sum(s.chars for s in scores)} | **{mean['cer']:.3f}** |"
-                 f" **{mean['loose']:.3f}** | **{mean['bag']:.3f}** | {mean['seconds']:.2f} |")
-    weighted = sum(s.cer * s.chars for s in scores) / max(1, sum(s.chars for s in scores))
-    lines += ["", f"Character-weighted CER (total edits / total reference characters): {weighted:.3f}."]
-    lines.append("")
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text("\n".join(lines), encoding="utf-8")
+#: mean over the corpus (baseline 0.253 loose CER, 0.073 bag)
+MAX_MEAN_LOOSE = 0.30
+MAX_MEAN_BAG = 0.10
+#: no single image may lose most of its characters (worst baseline bag: 0.567, a scene photo)
+MAX_IMAGE_BAG = 0.70
+#: clean printed pages are read exactly in the baseline
+CLEAN_PAGES = {"tess_phototest.tif": 0.02, "icdar15_img_8.jpg": 0.05}
 
 
 @pytest.mark.skipif(not (CORPUS / "manifest.tsv").is_file(), reason=f"corpus absent: {CORPUS}")
 def test_quality_on_corpus() -> None:
-    engine = RapidOcrEngine(EngineSettings())
-    engine.start()
-    max_pixels = LimitSettings().max_pixels
-    scores: list[Score] = []
-    for row in english_images():
-        image = decode(CORPUS / row["filename"], max_pixels)
-        started = time.perf_counter()
-        [outcome] = engine.infer([OcrRequest(key=row["filename"], image=image)])
-        seconds = time.perf_counter() - started
-        assert isinstance(outcome, OcrOutput), f"{row['filename']}: {outcome!r}"
-        truth = (CORPUS / row["ground_truth_file"]).read_text(encoding="utf-8")
-        ref, ref_loose = normalise(truth), normalise_loose(truth)
-        hyp_loose = normalise_loose(outcome.text)
-        score = Score(
-            name=row["filename"], kind=row["image_type"], chars=len(ref),
-            cer=cer(ref, normalise(outcome.text)), loose=cer(ref_loose, hyp_loose),
-            bag=bag_error(ref_loose, hyp_loose), seconds=seconds,
-        )
-        print(f"{score.name:28s} chars={score.chars:5d} cer={score.cer:.3f} "
-              f"loose={score.loose:.3f} bag={score.bag:.3f} {seconds:.2f}s")
-        scores.append(score)
-    engine.close()
+    before = REPORT.stat().st_mtime_ns if REPORT.exists() else None
+    scores, _ = score_corpus()
+    assert len(scores) == len(english_images()) >= 20, len(scores)
+    mean_loose = sum(s.loose for s in scores) / len(scores)
+    mean_bag = sum(s.bag for s in scores) / len(scores)
+    print(f"mean loose CER {mean_loose:.3f}, mean bag {mean_bag:.3f} over {len(scores)} images")
+    assert mean_loose <= MAX_MEAN_LOOSE, mean_loose
+    assert mean_bag <= MAX_MEAN_BAG, mean_bag
+    worst = max(scores, key=lambda s: s.bag)
+    assert worst.bag <= MAX_IMAGE_BAG, worst
+    by_name = {s.name: s for s in scores}
+    for name, bound in CLEAN_PAGES.items():
+        assert by_name[name].cer <= bound, by_name[name]
+    # the test only reads: the report is bench's to write
+    assert (REPORT.stat().st_mtime_ns if REPORT.exists() else None) == before
 
-    assert scores, "no English images with ground truth in the manifest"
-    mean_cer = sum(s.cer for s in scores) / len(scores)
-    print(f"mean CER over {len(scores)} images: {mean_cer:.4f}")
-    write_report(scores, engine)
-    assert math.isfinite(mean_cer) and mean_cer < 1.0
+
+def test_the_scores_tell_a_right_text_from_a_wrong_one() -> None:
+    # the thresholds mean something only if the scores separate a right reading from a wrong one
+    row = {"filename": "page", "image_type": "scan-page"}
+    truth = "The quick brown fox jumps over the lazy dog.\nPack my box with five dozen liquor jugs."
+    assert score(row, truth, truth.replace("\n", " ")).cer == 0.0
+    wrong = score(row, truth, "Lorem ipsum dolor sit amet")
+    assert wrong.cer > MAX_MEAN_LOOSE and wrong.bag > MAX_MEAN_BAG
+    assert score(row, truth, "").bag == 1.0

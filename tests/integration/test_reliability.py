@@ -52,13 +52,39 @@ def test_engine_crash_is_retried_per_image_and_visible_as_retry(redis_url, start
     assert sum(m["result"]["done"] for m in metas) == 8
 
 
-def test_transient_oom_is_absorbed_in_process(redis_url, start_worker, tmp_path):
+def test_transient_oom_is_absorbed_in_process(redis_url, redis_client, start_worker, tmp_path):
+    # Given an engine whose first 3 batches run out of memory
     word_images(tmp_path / "in", 8)
     start_worker(sim_env(redis_url, tmp_path, sim={"transient_ooms": 3}))
     client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
     job = client.submit([str(tmp_path / "in")], job="oom")
     counts = job.wait(timeout=120)
+    # Then every image is done on its first attempt (the engine loop bisected in-process) ...
     assert counts["done"] == 8 and counts["failed"] == 0, counts
+    assert {r.attempts for r in job.records()} == {1}
+    # ... and the OOMs did happen: the worker's published state counted all three
+    state_key = keys.worker_state(f"w1@{socket.gethostname()}")
+    deadline = time.monotonic() + 10
+    while (ooms := json.loads(redis_client.get(state_key))["oom_events"]) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ooms == 3, ooms
+
+
+def test_an_image_out_of_attempts_fails_permanently_naming_the_cause(redis_url, start_worker, tmp_path):
+    # Given an engine that crashes on every batch and a budget of 2 attempts
+    word_images(tmp_path / "in", 3)
+    start_worker(sim_env(redis_url, tmp_path, sim={"crashes": 1000}, OCRQ_QUEUE__MAX_ATTEMPTS="2"))
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
+    job = client.submit([str(tmp_path / "in")], job="exhausted")
+    counts = job.wait(timeout=120)
+    # Then each image is failed for good, with the truth: out of attempts, and why
+    assert counts["failed"] == 3 and counts["done"] == 0, counts
+    for rec in job.records():
+        assert rec.attempts == 2 and rec.error is not None
+        assert rec.error.type == "RetriesExhausted" and rec.error.retryable is False, rec.error
+        assert rec.error.message.startswith("after 2 attempts: EngineCrashed: RuntimeError: simulated"), rec.error
+    # and each has its failed result document in the store
+    assert [r.record.error.type for r in job.results() if r.record.error] == ["RetriesExhausted"] * 3
 
 
 def test_killed_worker_gives_its_chunk_back(redis_url, start_worker, tmp_path):

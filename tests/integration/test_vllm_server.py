@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ocrq.errors import BadRequest, EngineTimeout, StorageUnavailable
+from ocrq.errors import BadRequest, EngineTimeout, EngineUnavailable
 from ocrq.results import OcrOutput
 from tests.conftest import free_port
 from tests.integration.vllm_support import (
@@ -104,7 +104,7 @@ def test_only_dead_endpoints_fail_at_start(checkpoint: Path) -> None:
 
     eng = VllmServerEngine(engine_settings(checkpoint, "vllm-server",
                                            endpoints=[f"http://127.0.0.1:{free_port()}/v1"]))
-    with pytest.raises(StorageUnavailable):
+    with pytest.raises(EngineUnavailable):
         eng.start()
     eng.close()
 
@@ -168,7 +168,7 @@ def test_5xx_is_retried_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("failure", "expected"),
-    [("refused", StorageUnavailable), ("503", StorageUnavailable), ("timeout", EngineTimeout),
+    [("refused", EngineUnavailable), ("503", EngineUnavailable), ("timeout", EngineTimeout),
      ("422", BadRequest)],
 )
 def test_failures_map_onto_the_error_tree(

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.fakes.fake_nvml import FakeNvml, FakePynvmlModule
+from tests.fakes.fake_nvml import FakePynvmlModule
 from worker.nvml import DeviceMemory, NullProbe, NvmlProbe, visible_device
 
 GiB = 2**30
@@ -69,8 +69,17 @@ def test_for_current_device_reads_the_visible_gpu(monkeypatch: pytest.MonkeyPatc
     assert fake.calls == ["init", "shutdown"]
 
 
-def test_fake_probe_follows_what_the_test_sets() -> None:
-    probe = FakeNvml(total=10, used=4)
-    assert probe.read() == DeviceMemory(total=10, free=6, used=4)
-    probe.used = 12
-    assert probe.read() == DeviceMemory(total=10, free=0, used=12)
+def test_each_read_is_live_and_a_failed_read_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    # Given a probe on device 1 (opened once: the handle is kept, the memory is not cached)
+    fake = FakePynvmlModule(list(DEVICES))
+    probe = NvmlProbe("1", nvml=fake)
+    assert probe.read() == DeviceMemory(total=141 * GiB, free=101 * GiB, used=40 * GiB)
+    # When another process takes 60 GiB more, the next read sees it
+    fake.devices[1] = ("GPU-bbbb-2222", 141 * GiB, 100 * GiB)
+    assert probe.read() == DeviceMemory(total=141 * GiB, free=41 * GiB, used=100 * GiB)
+    # When the driver fails two reads, those read as None (warned once), and the third works again
+    fake.fail_reads = 2
+    assert probe.read() is None and probe.read() is None
+    assert probe.read() == DeviceMemory(total=141 * GiB, free=41 * GiB, used=100 * GiB)
+    assert sum("NVML read" in r.message for r in caplog.records) == 1
+    assert fake.calls == ["init"]  # initialised once, not per read

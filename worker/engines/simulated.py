@@ -50,6 +50,7 @@ class SimulatedEngine:
         noise: float = 0.0,
         seed: int = 0,
         transient_ooms: int = 0,
+        oom_rate: float = 0.0,
         raw_oom: bool = False,
         crashes: int = 0,
         paged: bool = False,
@@ -69,6 +70,8 @@ class SimulatedEngine:
         self.noise = noise
         self.paged = paged
         self.raw_oom = raw_oom
+        #: fraction of batches that raise a transient CUDA-style OOM (an OOM storm)
+        self.oom_rate = oom_rate
         self.bad_keys = frozenset(bad_keys)
         self.batch_latency_s = batch_latency_s
         self.image_latency_s = image_latency_s
@@ -136,6 +139,8 @@ class SimulatedEngine:
         need *= 1.0 + self.noise * (2.0 * self._rng.random() - 1.0)
         if self._transient_left > 0:
             self._transient_left -= 1
+            self._oom(need, transient=True)
+        if self.oom_rate and self._rng.random() < self.oom_rate:
             self._oom(need, transient=True)
         if self.paged:
             pool = max(1.0, self.capacity_bytes - self.weight_bytes)

@@ -11,7 +11,7 @@ that refuses connections or answers 502/503/504 is marked down, skipped, and re-
 (``/health``) after ``PROBE_EVERY_S`` (at once when no endpoint is left). Errors, per image:
 
 - connection error / 5xx / 429: retried on another endpoint with exponential backoff; after
-  ``retries`` attempts → ``StorageUnavailable`` (retryable by Celery);
+  ``retries`` attempts → ``EngineUnavailable`` (retryable by Celery);
 - no answer within ``request_timeout`` → ``EngineTimeout`` (retryable);
 - 4xx → ``BadRequest`` (permanent: e.g. an image the server's processor rejects).
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from ocrq.errors import BadRequest, EngineCrashed, EngineTimeout, OcrqError, StorageUnavailable
+from ocrq.errors import BadRequest, EngineCrashed, EngineTimeout, EngineUnavailable, OcrqError
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
@@ -149,7 +149,7 @@ class VllmServerEngine:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vllm-server")
         live = [ep for ep in self._endpoints if self._probe(ep)]
         if not live:
-            raise StorageUnavailable(f"no vLLM endpoint answers: {', '.join(e.url for e in self._endpoints)}")
+            raise EngineUnavailable(f"no vLLM endpoint answers: {', '.join(e.url for e in self._endpoints)}")
         if self.model is None:
             self.model = self._served_model(live[0])
         _ = self.revision
@@ -270,7 +270,7 @@ class VllmServerEngine:
                 return exc
             finally:
                 self._release(ep)
-        return StorageUnavailable(f"{request.key}: no vLLM answer in {self.retries} attempts: {last}")
+        return EngineUnavailable(f"{request.key}: no vLLM answer in {self.retries} attempts: {last}")
 
     def _stream(self, ep: _Endpoint, body: dict[str, Any], watch: bool) -> _Answer:
         assert self._client is not None
@@ -404,7 +404,7 @@ class VllmServerEngine:
             data = self._client.get(f"{ep.url}/models", timeout=5.0).json()
             return str(data["data"][0]["id"])
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise StorageUnavailable(f"{ep.url}/models: cannot read the served model: {exc}") from exc
+            raise EngineUnavailable(f"{ep.url}/models: cannot read the served model: {exc}") from exc
 
     def _scrape(self, ep: _Endpoint) -> None:
         """``vllm:`` gauges from the endpoint's /metrics, at most every ``METRICS_EVERY_S``."""

@@ -1,0 +1,244 @@
+"""``python -m bench.chaos [--quick] [--only NAME ...]``: the chaos scenarios, one summary table,
+exit status 1 on any lost, duplicated or untrue record.
+
+    kill    SIGKILL of a random worker every few seconds, restarted each time; the default
+            visibility_timeout (3600 s): the reaper (worker.reaper) brings the chunks back
+    redis   redis-server (AOF, appendfsync everysec) restarted twice during the load
+    s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
+    oom     10% of engine batches raise a CUDA-style OOM
+    all     kill + redis + s3 + oom at once
+
+The full form (``make reliability``) runs 2,000 images per scenario with production reaper
+timings (dead_worker_s 60, reaper_interval_s 20); ``--quick`` (``make reliability-quick``, part
+of ``make test``) runs the same 2,000 images with dead_worker_s 6 and reaper_interval_s 2 and a
+10 s S3 outage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import redis
+
+from bench.chaos.stack import CuttableProxy, RedisServer, Workers
+from bench.chaos.verify import Outcome, verify
+from bench.services import free_port
+from ocrq import keys
+from ocrq.settings import Settings
+from producer.client import Client
+from tests.fixtures.images import word_images
+
+
+@dataclass
+class Run:
+    name: str
+    outcome: Outcome
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Env:
+    root: Path
+    redis: RedisServer
+    s3_proxy: CuttableProxy
+    bucket: str
+    images: Path
+    quick: bool
+
+
+def worker_env(env: Env, sim: dict[str, Any]) -> dict[str, str]:
+    import os
+
+    out = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "OCRQ_REDIS__URL": env.redis.url,
+           "OCRQ_STORE__KIND": "s3", "OCRQ_STORE__BUCKET": env.bucket,
+           "OCRQ_STORE__ENDPOINT_URL": f"http://127.0.0.1:{env.s3_proxy.port}",
+           "OCRQ_STORE__ACCESS_KEY_ID": "testing", "OCRQ_STORE__SECRET_ACCESS_KEY": "testing",
+           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(env.images)]),
+           "OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(sim),
+           "OCRQ_BATCH__MODE": "auto", "OCRQ_QUEUE__CHUNK_SIZE": "16", "OCRQ_LOG_LEVEL": "WARNING"}
+    if env.quick:
+        out.update({"OCRQ_REDIS__DEAD_WORKER_S": "6", "OCRQ_REDIS__REAPER_INTERVAL_S": "2"})
+    out.pop("OCRQ_CONFIG", None)
+    return out
+
+
+def client_for(env: Env) -> Client:
+    return Client(Settings(
+        redis={"url": env.redis.url},
+        store={"kind": "s3", "bucket": env.bucket, "endpoint_url": f"http://127.0.0.1:{env.s3_proxy.port}",
+               "access_key_id": "testing", "secret_access_key": "testing"},
+        limits={"allowed_roots": [env.images]}, queue={"chunk_size": 16},
+    ))
+
+
+Fault = Callable[[Env, Workers, threading.Event, list[str]], None]
+
+
+def no_fault(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+    stop.wait()
+
+
+def kill_fault(every_s: float) -> Fault:
+    def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        rng = random.Random(7)
+        while not stop.wait(every_s):
+            name = workers.kill_random(rng)
+            workers.start(name)
+        notes.append(f"{workers.kills} kills")
+    return run
+
+
+def redis_fault(at_s: tuple[float, ...]) -> Fault:
+    def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        t0 = time.monotonic()
+        for at in at_s:
+            if stop.wait(max(0.0, at - (time.monotonic() - t0))):
+                return
+            env.redis.restart(down_s=2.0)
+            notes.append(f"redis restarted at {time.monotonic() - t0:.0f}s")
+    return run
+
+
+def s3_fault(at_s: float, down_s: float) -> Fault:
+    def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        if stop.wait(at_s):
+            return
+        env.s3_proxy.cut()
+        time.sleep(down_s)
+        env.s3_proxy.restore()
+        notes.append(f"S3 down {down_s:.0f}s")
+    return run
+
+
+def together(*faults: Fault) -> Fault:
+    def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        threads = [threading.Thread(target=f, args=(env, workers, stop, notes), daemon=True) for f in faults]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return run
+
+
+def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault, timeout_s: float,
+                 kill_delays: bool = False) -> Run:
+    client = client_for(env)
+    r = redis.Redis.from_url(env.redis.url)
+    r.flushdb()
+    workers = Workers(worker_env(env, sim), env.root / "logs" / name, env.redis.url, n=2)
+    workers.start_all()
+    refs = [str(p) for p in sorted(env.images.iterdir())[:n]]
+    t0 = time.monotonic()
+    job = client.submit(refs, job=f"chaos-{name}", params={"scenario": name})
+    ids = {keys.image_id(job.name, ref) for ref in refs}
+    stop = threading.Event()
+    notes: list[str] = []
+    thread = threading.Thread(target=fault, args=(env, workers, stop, notes), daemon=True)
+    thread.start()
+    deadline = t0 + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if job.finished():
+                break
+        except redis.RedisError:
+            pass
+        time.sleep(1.0)
+    wall = time.monotonic() - t0
+    stop.set()
+    thread.join(120)
+    time.sleep(2.0)  # the last acks land, and workers publish their state once more
+    ooms = 0
+    for key in r.scan_iter(match=keys.worker_state("*")):
+        ooms += int(json.loads(r.get(key) or "{}").get("oom_events", 0))
+    outcome = verify(r, client.index, client.store, job.name, ids, client.settings.queue.name)
+    if sim.get("oom_rate"):
+        notes.append(f"{ooms} OOMs counted by the surviving workers' state")
+        if ooms == 0:
+            outcome.problems.append("no OOM happened")
+    workers.stop_all()
+    client.close()
+    return Run(name, outcome, wall, notes)
+
+
+def table(runs: list[Run]) -> str:
+    lines = ["| scenario | images | done | failed (by type) | lost | duplicated | problems | wall s | notes |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---|"]
+    for run in runs:
+        o = run.outcome
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(o.failed.items())) or "0"
+        lines.append(f"| {run.name} | {o.images} | {o.done} | {failed} | {o.lost} | {o.duplicated} |"
+                     f" {len(o.problems)} | {run.wall_s:.0f} | {'; '.join(run.notes)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--images", type=int, default=None)
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    n = args.images or 2000
+    down = 10.0 if args.quick else 30.0
+    scenarios: list[tuple[str, dict[str, Any], Fault]] = [
+        ("kill", {"image_latency_s": 0.01}, kill_fault(5.0 if args.quick else 15.0)),
+        ("redis", {"image_latency_s": 0.01}, redis_fault((5.0, 12.0))),
+        ("s3", {"image_latency_s": 0.01}, s3_fault(3.0, down)),
+        ("oom", {"image_latency_s": 0.01, "oom_rate": 0.1}, no_fault),
+        ("all", {"image_latency_s": 0.01, "oom_rate": 0.1},
+         together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),
+    ]
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
+    root = Path(tempfile.mkdtemp(prefix="ocrq-chaos-"))
+    from moto.server import ThreadedMotoServer
+
+    moto_port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
+    moto.start()
+    proxy = CuttableProxy(moto_port)
+    proxy.restore()
+    bucket = "chaos"
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}", region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+    server = RedisServer(root / "redis")
+    server.start()
+    images = root / "images"
+    word_images(images, n)
+    env = Env(root, server, proxy, bucket, images, args.quick)
+    runs: list[Run] = []
+    try:
+        for name, sim, fault in scenarios:
+            if args.only and name not in args.only:
+                continue
+            run = run_scenario(env, name, n, sim, fault, timeout_s=max(300.0, n * 0.5))
+            runs.append(run)
+            print(f"{name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
+                  f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
+    finally:
+        server.stop()
+        moto.stop()
+    print(table(runs))
+    bad = [r for r in runs if not r.outcome.ok]
+    if bad:
+        print(f"FAILED: {', '.join(r.name for r in bad)} (logs under {root})", file=sys.stderr)
+        return 1
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

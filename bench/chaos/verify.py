@@ -1,0 +1,74 @@
+"""The end-of-scenario check: every accepted image has exactly one final record (done, or failed
+with a permanent error), the counters equal the records, each result document is whole and
+agrees with its record, and nothing is left queued or unacked."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ocrq import keys
+from ocrq.jobs import JobIndex
+from ocrq.results import ImageResult
+from ocrq.storage import ResultStore
+
+
+@dataclass
+class Outcome:
+    images: int
+    done: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    lost: int = 0
+    duplicated: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.lost == 0 and self.duplicated == 0
+
+
+def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[str], queue: str) -> Outcome:
+    out = Outcome(images=len(ids))
+    records = {r.id: r for r in index.scan(job)}
+    extra = set(records) - ids
+    if extra:
+        out.problems.append(f"{len(extra)} records for images never submitted")
+    for image_id in ids:
+        rec = records.get(image_id)
+        if rec is None or rec.status.value not in ("done", "failed"):
+            out.lost += 1
+            continue
+        if rec.status.value == "done":
+            out.done += 1
+        elif rec.error is None or rec.error.retryable:
+            out.problems.append(f"{image_id}: failed without a permanent error: {rec.error}")
+        else:
+            out.failed[rec.error.type] += 1
+    counts = index.counts(job)
+    tally = Counter(r.status.value for r in records.values())
+    for status in ("done", "failed", "queued", "running", "retrying"):
+        if counts.get(status, 0) != tally.get(status, 0):
+            out.problems.append(f"count {status}={counts.get(status, 0)} but {tally.get(status, 0)} records")
+    paths = Counter(p.rpartition("/")[2].removesuffix(".json") for p in store.list(keys.results_prefix(job)))
+    out.duplicated = sum(n - 1 for n in paths.values() if n > 1) + len(set(paths) - ids)
+    for image_id in ids:
+        rec = records.get(image_id)
+        if rec is None or rec.status.value not in ("done", "failed"):
+            continue
+        doc = store.get_json(keys.result_object(job, image_id))
+        if doc is None:
+            out.problems.append(f"{image_id}: {rec.status.value} without a result document")
+            continue
+        try:
+            result = ImageResult.model_validate(doc)
+        except ValueError as exc:
+            out.problems.append(f"{image_id}: torn result document: {exc}")
+            continue
+        if result.record.status != rec.status or (rec.status.value == "done" and not result.outputs):
+            out.problems.append(f"{image_id}: document says {result.record.status}, index says {rec.status}")
+    unacked = int(redis.hlen("unacked"))
+    queued = sum(int(redis.llen(k)) for k in redis.scan_iter(match=f"{queue}*", _type="list"))
+    if unacked or queued:
+        out.problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
+    return out

@@ -1,0 +1,143 @@
+"""OCR quality of the CPU engine on the shared research corpus (English images with ground truth).
+
+``python -m bench.quality`` scores every English image with ground truth and writes
+docs/quality.md (the baseline); tests/integration/test_quality_corpus.py checks the same scores
+against thresholds and writes nothing. The corpus lives next to the repository (research-only
+licence: read here, never copied into it).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps
+
+from bench.cer import bag_error, cer, normalise, normalise_loose
+from ocrq.results import OcrOutput
+from ocrq.settings import EngineSettings, LimitSettings
+from worker.engines.base import OcrRequest
+from worker.engines.rapid import RapidOcrEngine
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "docs"
+REPORT = Path(__file__).resolve().parents[1] / "docs" / "quality.md"
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str
+    kind: str
+    chars: int
+    cer: float
+    loose: float
+    bag: float
+    seconds: float
+
+
+def english_images() -> list[dict[str, str]]:
+    with (CORPUS / "manifest.tsv").open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    return [r for r in rows if r["language"] == "en" and r["ground_truth_file"] != "-"]
+
+
+def decode(path: Path, max_pixels: int) -> Image.Image:
+    """What the worker's intake does: EXIF-upright, RGB, downscaled to the pixel cap."""
+    with Image.open(path) as img:
+        rgb = ImageOps.exif_transpose(img).convert("RGB")
+    if rgb.width * rgb.height > max_pixels:
+        scale = math.sqrt(max_pixels / (rgb.width * rgb.height))
+        size = (max(1, int(rgb.width * scale)), max(1, int(rgb.height * scale)))
+        rgb = rgb.resize(size, Image.Resampling.LANCZOS)
+    return rgb
+
+
+def write_report(scores: list[Score], engine: RapidOcrEngine) -> None:
+    n = len(scores)
+    mean = {k: sum(getattr(s, k) for s in scores) / n for k in ("cer", "loose", "bag", "seconds")}
+    lines = [
+        "# OCR quality: RapidOCR on the research corpus",
+        "",
+        "Written by `python -m bench.quality` (run it to refresh; the test checks thresholds). Images:",
+        "the English images of `shared/corpus/docs` that have ground truth (its README lists the",
+        "sources; research-only licence, so the images are read in place, never copied here),",
+        "decoded like the worker does (EXIF transpose, RGB, downscaled to"
+        f" {LimitSettings().max_pixels:,} pixels).",
+        "",
+        f"- date: {dt.date.today().isoformat()}",
+        f"- engine: `{engine.name}`, revision `{engine.revision}`",
+        f"- params: `{engine.params}`",
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python"
+        f" {platform.python_version()}",
+        "",
+        "Scores (all are edit or multiset distances divided by the reference length; lower is",
+        "better):",
+        "",
+        "- **CER**: Levenshtein over characters after collapsing every whitespace run (newlines",
+        "  included) to one space and trimming. Case-sensitive and order-sensitive.",
+        "- **loose CER**: the same after case-folding and removing all whitespace. SROIE labels",
+        "  are upper-case and WildReceipt labels have their spaces removed, so this is the fairer",
+        "  number for them.",
+        "- **bag**: order-insensitive (multiset of characters, loose normalisation): SROIE, FUNSD,",
+        "  ICDAR2015 and WildReceipt list one item per annotated box in annotation order, not",
+        "  reading order, so part of their CER is order, not recognition. FUNSD forms and",
+        "  ICDAR2015 scene photos also label only some of the text the engine reads.",
+        "",
+        "| image | kind | chars | CER | loose CER | bag | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in scores:
+        lines.append(f"| {s.name} | {s.kind} | {s.chars} | {s.cer:.3f} | {s.loose:.3f} | {s.bag:.3f}"
+                     f" | {s.seconds:.2f} |")
+    lines.append(f"| **mean of {n}** | | {sum(s.chars for s in scores)} | **{mean['cer']:.3f}** |"
+                 f" **{mean['loose']:.3f}** | **{mean['bag']:.3f}** | {mean['seconds']:.2f} |")
+    weighted = sum(s.cer * s.chars for s in scores) / max(1, sum(s.chars for s in scores))
+    lines += ["", f"Character-weighted CER (total edits / total reference characters): {weighted:.3f}."]
+    lines.append("")
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text("\n".join(lines), encoding="utf-8")
+
+
+def score_corpus(verbose: bool = True) -> tuple[list[Score], RapidOcrEngine]:
+    """Score RapidOCR (default settings, the worker's decode) on every English image with truth."""
+    engine = RapidOcrEngine(EngineSettings())
+    engine.start()
+    max_pixels = LimitSettings().max_pixels
+    scores: list[Score] = []
+    try:
+        for row in english_images():
+            image = decode(CORPUS / row["filename"], max_pixels)
+            started = time.perf_counter()
+            [outcome] = engine.infer([OcrRequest(key=row["filename"], image=image)])
+            seconds = time.perf_counter() - started
+            if not isinstance(outcome, OcrOutput):
+                raise RuntimeError(f"{row['filename']}: {outcome!r}")
+            truth = (CORPUS / row["ground_truth_file"]).read_text(encoding="utf-8")
+            scores.append(score(row, truth, outcome.text, seconds))
+            if verbose:
+                s = scores[-1]
+                print(f"{s.name:28s} chars={s.chars:5d} cer={s.cer:.3f} loose={s.loose:.3f} "
+                      f"bag={s.bag:.3f} {seconds:.2f}s")
+    finally:
+        engine.close()
+    return scores, engine
+
+
+def score(row: dict[str, str], truth: str, text: str, seconds: float = 0.0) -> Score:
+    ref, ref_loose = normalise(truth), normalise_loose(truth)
+    hyp_loose = normalise_loose(text)
+    return Score(
+        name=row["filename"], kind=row["image_type"], chars=len(ref), cer=cer(ref, normalise(text)),
+        loose=cer(ref_loose, hyp_loose), bag=bag_error(ref_loose, hyp_loose), seconds=seconds,
+    )
+
+
+if __name__ == "__main__":
+    found, used = score_corpus()
+    write_report(found, used)
+    print(f"wrote {REPORT}")

@@ -1,0 +1,57 @@
+"""One S3 error mapping for references and the result store: the same S3 answer is the same
+error wherever it happens. botocore's Stubber plays the S3 side (a fake, named so)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
+from ocrq.fetch import fetch
+from ocrq.settings import LimitSettings
+from ocrq.storage import S3Store
+
+
+@pytest.fixture()
+def stubbed() -> Iterator[tuple[Any, Stubber]]:
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s")
+    with Stubber(client) as stub:
+        yield client, stub
+
+
+CASES = [
+    ("AccessDenied", 403, RefusedRef),
+    ("NoSuchKey", 404, MissingObject),
+    ("SlowDown", 503, StorageUnavailable),
+    ("InternalError", 500, StorageUnavailable),
+    ("ExpiredToken", 400, StorageUnavailable),
+]
+
+
+def _outcome(call: Any) -> type[OcrqError] | None:
+    try:
+        call()
+    except OcrqError as exc:
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize(("code", "status", "expected"), CASES)
+def test_the_same_s3_answer_is_the_same_error_for_refs_and_the_store(
+    stubbed: tuple[Any, Stubber], code: str, status: int, expected: type[OcrqError]
+) -> None:
+    client, stub = stubbed
+    store = S3Store(client, "b", "p/")
+    for op in ("get_object", "get_object", "put_object"):
+        stub.add_client_error(op, service_error_code=code, http_status_code=status)
+    ref = _outcome(lambda: fetch("s3://b/in/a.png", LimitSettings(), s3_client=client))
+    read = _outcome(lambda: store.get_json("results/j/x.json"))
+    write = _outcome(lambda: store.put_json("results/j/x.json", {"a": 1}))
+    assert ref is expected
+    # a missing result document reads as None; every other answer maps like the ref's
+    assert read is (None if expected is MissingObject else expected)
+    assert write is expected

@@ -1,0 +1,198 @@
+"""Dead-worker redelivery: a killed worker's unacked chunks go back to the queue within
+``dead_worker_s + 2 × reaper_interval_s`` (100 s by default), not after ``visibility_timeout``.
+
+Kombu's Redis transport keeps every delivered, unacknowledged message in the ``unacked`` hash
+(delivery tag → [message, exchange, routing key]) and ``unacked_index`` zset (tag → delivery
+time); it gives one back only once it is ``visibility_timeout`` old (1 h here, so a slow chunk is
+never run twice). Liveness comes from the workers instead:
+
+- every worker writes the delivery tags its channel holds (``ocrq:held:{hostname}``, a SET) each
+  second, with a TTL of ``dead_worker_s``: a worker that stops refreshing it (kill -9, OOM
+  killer, a lost host) loses its claim when the TTL runs out;
+- every worker sweeps every ``reaper_interval_s``: a tag in ``unacked`` delivered more than
+  ``dead_worker_s`` ago that no held set claims is an orphan. It becomes a suspect
+  (``ocrq:reaper:suspects``, tag → first seen) and is restored only when it is still an
+  unclaimed orphan on a sweep at least ``reaper_interval_s`` later, so a live worker that lost
+  Redis for a while (a Redis restart expires every claim) has time to claim its tags again.
+
+Restoring is one Lua script per sweep (atomic): for each candidate it checks again that the tag
+is in ``unacked`` with the same entry, old enough, claimed by no held set, and a confirmed
+suspect; then it pushes the message back where kombu's own restore would (the right end of the
+queue's priority list, marked redelivered) and removes the tag from ``unacked``,
+``unacked_index`` and the suspects. A second sweep, or kombu's own visibility sweep, finds the
+tag gone and does nothing: restoring is idempotent, and every worker may sweep (no leader: the
+script costs O(unacked), a few hundred tags at most).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from celery import bootsteps
+from kombu.utils.json import dumps, loads
+
+from ocrq import keys
+
+log = logging.getLogger("ocrq.reaper")
+
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+
+# KEYS: unacked, unacked_index, suspects, held sets...
+# ARGV: now, dead_after, confirm, then (tag, entry, target list, payload) quads
+_RESTORE_LUA = """
+local now, dead_after, confirm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local restored = {}
+for i = 4, #ARGV, 4 do
+  local tag, entry, target, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local delivered = redis.call('ZSCORE', KEYS[2], tag)
+  local orphan = delivered and tonumber(delivered) <= now - dead_after
+    and redis.call('HGET', KEYS[1], tag) == entry
+  if orphan then
+    for k = 4, #KEYS do
+      if redis.call('SISMEMBER', KEYS[k], tag) == 1 then orphan = false break end
+    end
+  end
+  if not orphan then
+    redis.call('HDEL', KEYS[3], tag)
+  else
+    local first = redis.call('HGET', KEYS[3], tag)
+    if not first then
+      redis.call('HSET', KEYS[3], tag, now)
+    elseif now - tonumber(first) >= confirm then
+      redis.call('RPUSH', target, payload)
+      redis.call('HDEL', KEYS[1], tag)
+      redis.call('ZREM', KEYS[2], tag)
+      redis.call('HDEL', KEYS[3], tag)
+      restored[#restored + 1] = tag
+    end
+  end
+end
+for _, tag in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if redis.call('HEXISTS', KEYS[1], tag) == 0 then redis.call('HDEL', KEYS[3], tag) end
+end
+redis.call('EXPIRE', KEYS[3], 86400)
+return restored
+"""
+
+
+def publish_held(client: Any, hostname: str, tags: Iterable[str], ttl: int) -> None:
+    """Claim ``tags`` for this worker for ``ttl`` seconds (replaces the previous claim atomically)."""
+    key = keys.held_tags(hostname)
+    found = list(tags)
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(key)
+    if found:
+        pipe.sadd(key, *found)
+        pipe.expire(key, ttl)
+    pipe.execute()
+
+
+class Reaper:
+    """Restores the unacked messages of dead workers. ``route(payload, exchange, routing_key)``
+    names the list kombu would push the message to (``kombu_route`` builds it from a channel)."""
+
+    def __init__(self, client: Any, route: Callable[[dict[str, Any], str, str], str], dead_after: float,
+                 confirm: float) -> None:
+        self.client = client
+        self.route = route
+        self.dead_after = dead_after
+        self.confirm = confirm
+        self._script = client.register_script(_RESTORE_LUA)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """One sweep; returns the delivery tags put back on the queue."""
+        now = time.time() if now is None else now
+        tags = self.client.zrangebyscore(UNACKED_INDEX, "-inf", now - self.dead_after)
+        held = sorted(self.client.scan_iter(match=keys.held_tags("*"), count=500))
+        args: list[Any] = [now, self.dead_after, self.confirm]
+        for tag, entry in zip(tags, self.client.hmget(UNACKED, tags) if tags else [], strict=True):
+            if entry is None:
+                continue
+            message, exchange, routing_key = loads(entry)
+            for part in (message.get("headers"), message.get("properties", {}).get("delivery_info")):
+                if isinstance(part, dict):
+                    part["redelivered"] = True
+            args += [tag, entry, self.route(message, exchange, routing_key), dumps(message)]
+        restored = self._script(keys=[UNACKED, UNACKED_INDEX, keys.REAPER_SUSPECTS, *held], args=args)
+        out = [t.decode() if isinstance(t, bytes) else str(t) for t in restored]
+        if out:
+            log.warning("restored %d unacked message(s) of dead workers: %s", len(out), ", ".join(out))
+        return out
+
+
+def kombu_route(channel: Any) -> Callable[[dict[str, Any], str, str], str]:
+    """Where kombu's own restore pushes a message: its queue's list for the message's priority."""
+
+    def route(message: dict[str, Any], exchange: str, routing_key: str) -> str:
+        queue = channel._lookup(exchange, routing_key)[0]
+        return str(channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False)))
+
+    return route
+
+
+def channel_tags(consumer: Any) -> list[str]:
+    """Delivery tags the consumer's channel holds unacked (kombu's QoS record of deliveries)."""
+    delivered = consumer.task_consumer.channel.qos._delivered
+    for _ in range(5):
+        try:
+            return [str(t) for t in list(delivered)]
+        except RuntimeError:  # changed size during iteration (the consumer thread appended)
+            continue
+    return [str(t) for t in list(delivered)]
+
+
+def make_reaper_step(redis_client: Callable[[], Any | None], dead_after: int,
+                     interval: float) -> type[bootsteps.StartStopStep]:
+    """A consumer bootstep: claim held tags every second, sweep every ``interval`` seconds.
+    ``redis_client`` returns the worker's Redis client once the worker context exists."""
+
+    class DeadWorkerReaper(bootsteps.StartStopStep):
+        requires = {"celery.worker.consumer.tasks:Tasks"}
+
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self.trefs: list[Any] = []
+            self.hostname = getattr(parent, "hostname", None) or socket.gethostname()
+            self.reaper: Reaper | None = None
+            self.conn: Any = None
+
+        def start(self, c: Any) -> None:
+            self.trefs = [c.timer.call_repeatedly(1.0, self.claim, (c,), priority=10),
+                          c.timer.call_repeatedly(interval, self.sweep, (c,), priority=10)]
+
+        def stop(self, c: Any) -> None:
+            for tref in self.trefs:
+                tref.cancel()
+            self.trefs = []
+            if self.conn is not None:
+                self.conn.release()
+                self.conn = None
+
+        def claim(self, c: Any) -> None:
+            client = redis_client()
+            if client is None or c.task_consumer is None:
+                return
+            try:
+                publish_held(client, self.hostname, channel_tags(c), dead_after)
+            except Exception:
+                log.warning("could not claim held delivery tags", exc_info=True)
+
+        def sweep(self, c: Any) -> None:
+            client = redis_client()
+            if client is None:
+                return
+            try:
+                if self.reaper is None:
+                    # a channel of its own: the consumer's is not ours to use from the timer
+                    self.conn = c.app.connection_for_write()
+                    self.reaper = Reaper(client, kombu_route(self.conn.default_channel), dead_after, interval)
+                self.reaper.sweep()
+            except Exception:
+                log.warning("dead-worker sweep failed", exc_info=True)
+
+    return DeadWorkerReaper
