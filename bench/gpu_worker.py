@@ -56,14 +56,15 @@ def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Pat
     return out
 
 
-def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, new_tokens: int) -> dict[str, Any]:
+def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, new_tokens: int,
+            priority: int | None = None) -> dict[str, Any]:
     import redis
 
     from producer.client import Client
 
     client = Client(settings)
     t0 = time.perf_counter()
-    handle = client.submit([str(folder)], job=job)
+    handle = client.submit([str(folder)], job=job, priority=priority)
     counts = handle.wait(timeout=900, poll=0.2)
     elapsed = time.perf_counter() - t0
     records = list(handle.records())
@@ -81,7 +82,8 @@ def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, 
         "worker_state": {k: state.get(k) for k in (
             "batches", "images", "oom_events", "oom_count", "failed", "max_measured_peak_bytes", "budget_bytes",
             "capacity_bytes", "calibration_error", "observations", "restored_observations", "count_limit",
-            "slow_start", "bytes_per_token", "base_bytes", "margin", "prefetch")},
+            "slow_start", "bytes_per_token", "base_bytes", "margin", "prefetch", "token_capacity",
+            "kv_usage", "preemptions", "pressure_count", "batch_size")},
         "max_measured_peak_gb": round((state.get("max_measured_peak_bytes") or 0) / GIB, 2),
     }
 

@@ -98,6 +98,10 @@ class EngineSettings(BaseModel):
     #: a micro-batch in chunks of rows within it (bounds the vision tower's activation peak)
     max_num_batched_tokens: int = 16384
     gpu_memory_utilization: float = 0.85
+    #: vllm: most device bytes the engine may claim (e.g. a 24 GiB card's budget on a larger GPU):
+    #: the utilization becomes min(gpu_memory_utilization, cap / total). The worker fills it from
+    #: ``batch.memory_cap_bytes`` when unset, so one cap bounds engine and governor alike
+    memory_cap_bytes: int | None = None
     enforce_eager: bool = False
     #: vllm: micro-batches the engine loop keeps in flight at once. They share vLLM's continuous
     #: batching (the next batch's prefill runs while the last one decodes); 1 drains each batch

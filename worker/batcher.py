@@ -103,7 +103,8 @@ class EngineLoop:
         self._last_batch_s = 0.0
         #: (images, seconds) of every engine call that returned (worker.metrics)
         self._on_batch = on_batch
-        self._batch_ids = (f"{uuid.uuid4().hex[:8]}-{n}" for n in itertools.count(1))
+        # itertools.count is atomic under the GIL; a generator is not (batches run on several threads)
+        self._batch_prefix, self._batch_seq = uuid.uuid4().hex[:8], itertools.count(1)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -171,9 +172,12 @@ class EngineLoop:
 
     def state(self) -> dict[str, Any]:
         with self._cond:
-            loop = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
-                    "last_batch_s": round(self._last_batch_s, 4)}
-        return {**self.governor.state(), **loop}
+            loop: dict[str, Any] = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
+                    "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4)}
+        if self._paged:  # vLLM's own gauges: what admission control steers by
+            sample = self._memory()
+            loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
+        return {**self.governor.state(), "token_capacity": self.governor.token_capacity, **loop}
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -303,7 +307,7 @@ class EngineLoop:
         with self._cond:
             self._account()
             shares = [self._share.get(id(r), seconds / len(requests)) for r in requests]
-        batch_id = next(self._batch_ids)
+        batch_id = f"{self._batch_prefix}-{next(self._batch_seq)}"
         for outcome, engine_s in zip(outcomes, shares, strict=True):
             if isinstance(outcome, OcrOutput):
                 outcome.meta["batch"] = {"id": batch_id, "size": len(requests), "engine_s": round(engine_s, 6)}

@@ -82,7 +82,11 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     from worker.governor import Governor
     from worker.nvml import NvmlProbe
 
-    engine = build_engine(settings.engine)
+    engine_settings = settings.engine
+    if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
+        # one cap for engine and governor: vLLM then claims no more than the governor plans with
+        engine_settings = engine_settings.model_copy(update={"memory_cap_bytes": settings.batch.memory_cap_bytes})
+    engine = build_engine(engine_settings)
     log.info("engine %s starting", settings.engine.kind)
     engine.start()
     log.info("engine %s ready: revision %s", engine.name, engine.revision)

@@ -124,6 +124,10 @@ class Governor:
         self._hard = size if mode == "fixed" else max_size
         self._limit = self._hard if mode == "fixed" else min(max_size, max(1, initial_size))
         self._slow_start = mode == "auto"
+        if token_capacity is not None and mode == "auto":
+            # memory is preallocated and admission counts every token in flight: no need to
+            # discover the batch size from below (vLLM's own budget bounds the activations)
+            self._limit, self._slow_start = self._hard, False
         self._streak = 0
         self._limited = False
         self._boost = 1.0

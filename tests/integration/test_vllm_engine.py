@@ -20,7 +20,11 @@ from ocrq.errors import EngineCrashed, EngineOOM, TooLargeForDevice
 from ocrq.results import OcrOutput
 from tests.integration.vllm_support import (
     ROOT,
+    STEPS,
+    TOL,
+    K,
     assert_batch_invariant,
+    compare,
     engine_settings,
     flask_proxies_bound,
     make_images,
@@ -33,6 +37,12 @@ from tests.integration.vllm_support import (
 from worker.engines.base import OcrRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +86,8 @@ def test_plugin_fixes_are_applied(engine: Any) -> None:
     from worker.engines import vllm_plugin
 
     assert vllm.__version__.startswith("0.26.")  # the version the H200 runs (docs/gpu.md)
-    assert {"image_boundary", "xdrope_cpu"} <= set(vllm_plugin.applied)
+    expected = {"image_boundary"} if _on_cuda() else {"image_boundary", "xdrope_cpu"}
+    assert expected <= set(vllm_plugin.applied)
     assert vllm_plugin.boundary_fix.enabled
 
 
@@ -116,6 +127,8 @@ def test_without_the_boundary_fix_the_first_request_kills_the_engine(engine: Any
 def test_without_the_xdrope_cpu_fix_the_process_dies(checkpoint: Path, env: dict[str, str]) -> None:
     """vLLM 0.26's CPU rotary kernel reads XD-RoPE's [4, tokens] positions as 1-D and segfaults
     during the engine's first forward (its start-up profile run)."""
+    if _on_cuda():
+        pytest.skip("a CPU-build bug: CUDA runs XD-RoPE's own forward_cuda")
     import os
     import signal
     import subprocess
@@ -154,6 +167,55 @@ def test_infer_returns_one_output_per_image_and_stops_loops(engine: Any) -> None
 
 def test_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
     assert_batch_invariant(engine, reference)
+
+
+def test_text_only_prompt_matches_transformers_exactly(engine: Any, checkpoint: Path, env: dict[str, str]) -> None:
+    """The language model is the same in both: without an image, vLLM's native model and
+    transformers give the same next-token logprobs (image prompts: see VS_TRANSFORMERS_TOL)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from vllm import SamplingParams
+
+    ids = [896, 917, 5, 6, 7, 8, 9, 100, 200, 300, 17, 18]
+    out = engine._llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, logprobs=K, temperature=0),
+                               use_tqdm=False)
+    ours = {t: lp.logprob for t, lp in out[0].outputs[0].logprobs[0].items()}
+    script = ("import json, sys, torch; from transformers import HunYuanVLForConditionalGeneration as M; "
+              f"m = M.from_pretrained({str(checkpoint)!r}, dtype=torch.float32).eval(); "
+              f"lp = torch.log_softmax(m(input_ids=torch.tensor([{ids!r}])).logits[0, -1].float(), -1); "
+              f"v, i = lp.topk({K}); print(json.dumps([[int(a), float(b)] for a, b in zip(i, v)]))")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for token, lp in theirs:
+        assert abs(ours[token] - lp) <= TOL, (token, ours.get(token), lp)
+
+
+def test_batches_in_flight_together_match_each_image_alone(engine: Any) -> None:
+    """Two micro-batches on two threads share one engine (continuous batching across batches):
+    each image's logprobs equal those it gets alone."""
+    import threading
+
+    reqs = requests_for(make_images(0) + make_images(1))[:8]
+    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
+    got: dict[int, Any] = {}
+
+    def run(part: int) -> None:
+        got[part] = engine.topk_logprobs(reqs[4 * part: 4 * part + 4], K, STEPS)
+
+    threads = [threading.Thread(target=run, args=(part,)) for part in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    together = got[0] + got[1]
+    for a, b in zip(alone, together, strict=True):
+        d, missing = compare(a, b)
+        assert missing == 0 and d <= TOL, (d, missing)
 
 
 def test_a_prompt_over_max_model_len_fails_alone(engine: Any) -> None:

@@ -460,3 +460,64 @@ def test_no_future_is_ever_lost(
             # an image's text never depends on the batch it ran in
             alone = reference.infer([req(i, size)])[0]
             assert isinstance(alone, OcrOutput) and result.text == alone.text
+
+
+class FakePagedEngine:
+    """Fake (unit tests only): a continuous-batching engine whose batches block until released;
+    it records how many run at once."""
+
+    name = "fake-paged"
+    revision = "fake"
+    concurrent_batches = 3
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.running = 0
+        self.most = 0
+        self.sizes: list[int] = []
+        self._lock = threading.Lock()
+
+    def cost(self, request: OcrRequest) -> ImageCost:
+        return ImageCost(vision_tokens=900, prompt_tokens=0, output_tokens=100)
+
+    def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.sizes.append(len(batch))
+        self.release.wait(10)
+        with self._lock:
+            self.running -= 1
+        return [OcrOutput(text=r.key, lines=[], engine=self.name, model="fake", width=1, height=1)
+                for r in batch]
+
+    def start(self) -> None: ...
+    def close(self) -> None: ...
+    def reset_peak(self) -> None: ...
+
+    def memory(self):  # type: ignore[no-untyped-def]
+        from worker.engines.base import MemorySample
+
+        return MemorySample(kv_usage=0.1, waiting=0, preemptions=0)
+
+
+def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list[EngineLoop]) -> None:
+    """Batches overlap up to the engine's slots, and together never plan more tokens than the
+    KV room: 10,000 tokens × 0.9 = 9 images of 1,000 tokens in flight, whatever the slots."""
+    from worker.costs import ModelProfile
+
+    engine = FakePagedEngine()
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=4, token_capacity=10_000)
+    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
+    loops.append(loop)
+    loop.start()
+    futures = loop.submit_many([req(i) for i in range(20)])
+    deadline = time.monotonic() + 5
+    while sum(engine.sizes) < 9 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert engine.most == 3 and sum(engine.sizes) == 9  # 4 + 4 + 1: the room, not the slots, binds
+    engine.release.set()
+    assert all(f.result(timeout=10).text == f"img-{i}" for i, f in enumerate(futures))
+    shares = loop.state()
+    assert shares["batches"] >= 5 and shares["inflight"] == 0

@@ -441,3 +441,21 @@ def test_restore_rejects_malformed_snapshots_and_fixed_mode_ignores_them() -> No
     assert not fresh.restore({"version": 99})
     snap = calibrated(governor()).snapshot()
     assert not governor(mode="fixed").restore(snap)
+
+
+def test_a_paged_engine_is_planned_against_its_kv_tokens_and_the_batches_in_flight() -> None:
+    """vLLM: the room is the KV cache (less headroom), each image costs prompt + new tokens, and
+    batches already running take their share; no slow start (memory is preallocated)."""
+    from worker.costs import ModelProfile
+    from worker.engines.base import ImageCost
+    from worker.governor import Governor
+
+    profile = ModelProfile("hunyuan_vl", 2 * 2**30, 98_304, 10_000.0, padded=False)
+    gov = Governor(profile, capacity_bytes=24 * 2**30, headroom=0.10, max_size=128, token_capacity=100_000)
+    assert gov.count_limit() == 128
+    page = ImageCost(vision_tokens=800, prompt_tokens=10, output_tokens=190)  # 1,000 tokens
+    assert len(gov.plan([page] * 200)) == 90  # 100k × 0.9 / 1k
+    running = [page] * 60
+    assert len(gov.plan([page] * 200, inflight=running)) == 30
+    assert gov.admits(page, inflight=[page] * 89) and not gov.admits(page, inflight=[page] * 90)
+    assert gov.admits(page)  # nothing in flight: the first image always goes

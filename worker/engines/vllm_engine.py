@@ -152,7 +152,10 @@ class VllmEngine:
         if self._on_cuda:
             total, free = self._device_memory()
             if "gpu_memory_utilization" not in args:
-                args["gpu_memory_utilization"] = gpu_utilization(self.settings.gpu_memory_utilization, total, free)
+                requested = self.settings.gpu_memory_utilization
+                if self.settings.memory_cap_bytes:
+                    requested = min(requested, self.settings.memory_cap_bytes / total)
+                args["gpu_memory_utilization"] = gpu_utilization(requested, total, free)
             self.capacity_bytes = int(args["gpu_memory_utilization"] * total)
         t0 = time.perf_counter()
         self._llm = LLM(**args)

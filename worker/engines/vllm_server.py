@@ -56,6 +56,8 @@ BACKOFF_S = 0.25
 REPETITION_CHECK_EVERY = 8
 _TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
+#: the KV cache size a server reports in its cache_config_info labels
+_KV_TOKENS = re.compile(r'^vllm:cache_config_info\{[^}]*kv_cache_size_tokens="(\d+)"', re.M)
 
 
 class _Retry(Exception):
@@ -125,6 +127,10 @@ class VllmServerEngine:
         self._client: httpx.Client | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._revision: str | None = None
+        #: micro-batches the engine loop may have in flight at once (requests are independent)
+        self.concurrent_batches = max(1, settings.concurrent_batches)
+        #: KV tokens of the servers together (from their cache_config_info), for admission control
+        self.kv_capacity_tokens: int | None = None
 
     # --- Engine protocol ---------------------------------------------------------------------
 
@@ -152,6 +158,8 @@ class VllmServerEngine:
             raise EngineUnavailable(f"no vLLM endpoint answers: {', '.join(e.url for e in self._endpoints)}")
         if self.model is None:
             self.model = self._served_model(live[0])
+        sizes = [self._kv_tokens(ep) for ep in live]
+        self.kv_capacity_tokens = sum(n for n in sizes if n) or None
         _ = self.revision
 
     def cost(self, request: OcrRequest) -> ImageCost:
@@ -405,6 +413,15 @@ class VllmServerEngine:
             return str(data["data"][0]["id"])
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
             raise EngineUnavailable(f"{ep.url}/models: cannot read the served model: {exc}") from exc
+
+    def _kv_tokens(self, ep: _Endpoint) -> int | None:
+        """The endpoint's KV-cache size in tokens (vLLM >= 0.26 reports it), or None."""
+        try:
+            assert self._client is not None
+            match = _KV_TOKENS.search(self._client.get(f"{ep.root}/metrics", timeout=2.0).text)
+        except httpx.HTTPError:
+            return None
+        return int(match.group(1)) if match else None
 
     def _scrape(self, ep: _Endpoint) -> None:
         """``vllm:`` gauges from the endpoint's /metrics, at most every ``METRICS_EVERY_S``."""

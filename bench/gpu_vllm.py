@@ -1,0 +1,293 @@
+"""HunyuanOCR on vLLM: plain ``vllm.LLM`` (what a user would otherwise run) vs the ocrq worker
+with ``engine: vllm`` / ``engine: vllm-server``, on the docs/bench/gpu-governor.md workload.
+
+Workload: 200 distinct JPEGs (120× 1024×768, 60× 2048×1536, 20× 600×400 in the seed-1234 order of
+bench/gpu_governor.py), exactly 256 new tokens each (EOS ignored, no loop stop), a 24 GiB budget
+(``gpu_memory_utilization`` = budget / card). Distinct pixels per image, so vLLM's encoder cache
+cannot reuse one image's embeddings for another. Each row is one process:
+
+    python3 -m bench.gpu_vllm plain  --name vllm-seeds --max-num-seqs 8 --out DIR   # the seeds' setting
+    python3 -m bench.gpu_vllm plain  --name vllm-default --out DIR                  # vLLM's defaults
+    python3 -m bench.gpu_vllm worker --name ocrq-vllm --out DIR                     # real worker, Redis, producer
+    python3 -m bench.gpu_vllm worker --name ocrq-vllm-server --server --out DIR     # worker + one `vllm serve`
+    python3 -m bench.gpu_vllm report --dirs DIR... --transformers gpu_worker.json   # docs/bench/gpu-vllm.*
+    # CPU dry run: --size tiny --scale 0.25 --images 12 --tokens 16
+
+Plain rows use ``LLM.generate`` with the chat template's text whose image start/image/end trio is
+replaced by the bare image token (the workaround for vLLM 0.26's double image-start, docs/gpu.md)
+and the ocrq plugin's fixes switched off: no ocrq code runs there. After ``--small-after`` seconds
+a small job (``--small`` images) joins the large one: plain vLLM queues it behind everything (FIFO);
+the ocrq worker gets it at a higher priority (``--big-priority``): its time to first result shows
+what bounded admission buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+PLAIN_OFF = "image_boundary"  # the plain rows run vLLM as shipped (the CPU build keeps xdrope_cpu)
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--out", type=Path, required=True, help="directory for NAME.json")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ocrq-gpu-vllm"))
+    ap.add_argument("--size", default="full", choices=["full", "tiny"])
+    ap.add_argument("--images", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--cap-gb", type=float, default=24.0)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--small", type=int, default=8)
+    ap.add_argument("--small-after", type=float, default=3.0)
+
+
+def _setup(args: argparse.Namespace) -> tuple[Path, dict[str, Path], bool]:
+    """Checkpoint and workload folders (``big`` and ``small``), built once per --work dir."""
+    import torch
+
+    from bench.gpu_worker import write_workload
+    from worker.checkpoint import make_random_checkpoint
+
+    cuda = torch.cuda.is_available()
+    args.work.mkdir(parents=True, exist_ok=True)
+    model = args.work / f"hunyuan-{args.size}"
+    if not (model / "model.safetensors").exists():
+        make_random_checkpoint(model, args.size, seed=0, device="cuda" if cuda else "cpu")
+    folders = {"big": write_workload(args.work, args.images, args.seed, "cold", args.scale),
+               "big2": write_workload(args.work, args.images, args.seed, "warm", args.scale),
+               "small": write_workload(args.work / "small", args.small, args.seed + 1, "cold", args.scale)}
+    return model, folders, cuda
+
+
+def _utilization(cap_gb: float) -> float:
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    return round(min(0.95, cap_gb * GIB / total), 4)
+
+
+def _device_used_gb() -> float | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]))
+        return round(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / GIB, 2)
+    except Exception:
+        return None
+
+
+def _write(args: argparse.Namespace, row: dict[str, Any]) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(row, indent=2))
+    print(json.dumps(row), flush=True)
+
+
+# --- plain vLLM ------------------------------------------------------------------------------------
+
+
+def plain(args: argparse.Namespace) -> None:
+    os.environ["OCRQ_VLLM_DISABLE_FIXES"] = PLAIN_OFF
+    model, folders, cuda = _setup(args)
+    from PIL import Image
+    from vllm import LLM, SamplingParams
+
+    from worker.engines import hunyuan
+
+    def load(folder: Path) -> list[Any]:
+        return [Image.open(p).convert("RGB") for p in sorted(folder.glob("*.jpg"))]
+
+    big, small = load(folders["big"]), load(folders["small"])
+    kw: dict[str, Any] = dict(model=str(model), dtype="bfloat16" if cuda else "float32", seed=0,
+                              max_model_len=args.max_model_len, limit_mm_per_prompt={"image": 1},
+                              enable_prefix_caching=False, mm_processor_cache_gb=0, disable_log_stats=False,
+                              max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.max_num_seqs:
+        kw["max_num_seqs"] = args.max_num_seqs
+    if cuda:
+        kw["gpu_memory_utilization"] = _utilization(args.cap_gb)
+    before = _device_used_gb()
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    build_s = time.perf_counter() - t0
+    tok = llm.get_tokenizer()
+    messages = hunyuan.build_messages("text", {}, "1.5")
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    processor = hunyuan.load_processor(model)
+    trio = f"{processor.image_start_token}{processor.image_token}{processor.image_end_token}"
+    assert trio in text, "the chat template no longer wraps the image in start/image/end"
+    prompt = text.replace(trio, processor.image_token)  # vLLM 0.26 adds the wrapper itself
+    sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    engine = llm.llm_engine
+    finished: dict[str, float] = {}
+    first: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for i, im in enumerate(big):
+        engine.add_request(f"big-{i}", {"prompt": prompt, "multi_modal_data": {"image": im}}, sp)
+    added_small = False
+    tokens = 0
+    while engine.has_unfinished_requests() or not added_small:
+        now = time.perf_counter() - t0
+        if not added_small and (now >= args.small_after or not engine.has_unfinished_requests()):
+            for i, im in enumerate(small):
+                engine.add_request(f"small-{i}", {"prompt": prompt, "multi_modal_data": {"image": im}}, sp)
+            added_small, small_t0 = True, now
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = time.perf_counter() - t0
+                tokens += len(out.outputs[0].token_ids)
+            elif out.request_id not in first:
+                first[out.request_id] = time.perf_counter() - t0
+    big_done = max(v for k, v in finished.items() if k.startswith("big-"))
+    small_times = [v for k, v in finished.items() if k.startswith("small-")]
+    metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    row = {"name": args.name, "kind": "plain-vllm", "max_num_seqs": args.max_num_seqs or "default",
+           "images": len(big), "img_per_s": round(len(big) / big_done, 3), "elapsed_s": round(big_done, 2),
+           "failed": len(big) + len(small) - len(finished),
+           "preemptions": int(metrics.get("vllm:num_preemptions") or 0),
+           "all_full_length": tokens == args.tokens * len(finished), "build_s": round(build_s, 1),
+           "small_first_result_s": round(min(small_times) - small_t0, 2) if small_times else None,
+           "small_done_s": round(max(small_times) - small_t0, 2) if small_times else None,
+           "peak_gb": _device_used_gb(), "device_used_before_gb": before}
+    _write(args, row)
+
+
+# --- the ocrq worker -------------------------------------------------------------------------------
+
+
+def _watch_small(client: Any, folder: Path, delay: float, out: dict[str, Any]) -> None:
+    """Submit the small job after ``delay`` s; record when its first image and all are stored."""
+    time.sleep(delay)
+    t0 = time.perf_counter()
+    handle = client.submit([str(folder)], job=f"small-{int(time.time())}", priority=0)
+    while True:
+        counts = handle.status()
+        done = counts["done"] + counts["failed"]
+        if done and "first_s" not in out:
+            out["first_s"] = round(time.perf_counter() - t0, 2)
+        if counts["total"] and done >= counts["total"]:
+            out["done_s"] = round(time.perf_counter() - t0, 2)
+            return
+        time.sleep(0.1)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from bench.gpu_worker import run_job
+    from bench.services import free_port, start_redis, start_worker, stop
+    from ocrq import keys  # noqa: F401  (run_job reads the worker state through it)
+    from ocrq.settings import Settings
+    from producer.client import Client
+
+    model, folders, cuda = _setup(args)
+    port = free_port()
+    redis_url = f"redis://127.0.0.1:{port}/0"
+    redis_proc = start_redis(port, args.work)
+    extra: dict[str, Any] = {"ignore_eos": True}
+    env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(args.work / f"store-{args.name}"),
+           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(args.work)]), "OCRQ_ENGINE__MODEL_DIR": str(model),
+           "OCRQ_ENGINE__KIND": "vllm-server" if args.server else "vllm",
+           "OCRQ_ENGINE__MAX_NEW_TOKENS": str(args.tokens), "OCRQ_ENGINE__REPETITION_STOP": "0",
+           "OCRQ_ENGINE__MAX_MODEL_LEN": str(args.max_model_len), "OCRQ_ENGINE__MAX_NUM_SEQS": "256",
+           "OCRQ_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
+           "OCRQ_ENGINE__CONCURRENT_BATCHES": str(args.concurrent_batches),
+           "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
+           "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
+           "OCRQ_QUEUE__CHUNK_SIZE": "32", "OCRQ_METRICS_PORT": "0"}
+    server = None
+    if not cuda:  # CPU dry run: small KV, in-process core (as the vllm test tier)
+        env.update({"OCRQ_ENGINE__DTYPE": "float32", "OCRQ_ENGINE__ENFORCE_EAGER": "true",
+                    "VLLM_CPU_KVCACHE_SPACE": "1"})
+    row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
+                           "concurrent_batches": args.concurrent_batches, "jobs": []}
+    try:
+        if args.server:
+            from ocrq.settings import EngineSettings
+            from worker.engines.vllm_launcher import launch_server
+
+            sport = free_port()
+            es = EngineSettings(kind="vllm-server", model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
+                                max_num_batched_tokens=args.max_num_batched_tokens,
+                                gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
+                                dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda)
+            t0 = time.perf_counter()
+            log_file = (args.work / f"{args.name}-server.log").open("wb")
+            server = launch_server(model, sport, es, env=env, log_file=log_file, ready_timeout=500)
+            row["server_ready_s"] = round(time.perf_counter() - t0, 1)
+            env["OCRQ_ENGINE__ENDPOINTS"] = json.dumps([f"http://127.0.0.1:{sport}/v1"])
+        env["OCRQ_ENGINE__EXTRA"] = json.dumps(extra)
+        t0 = time.perf_counter()
+        proc = start_worker(env, "w1", args.work / f"{args.name}-worker.log", redis_url, timeout=600,
+                            concurrency=8)
+        row["worker_ready_s"] = round(time.perf_counter() - t0, 1)
+        settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": args.work / f"store-{args.name}"},
+                            limits={"allowed_roots": [args.work]}, queue={"chunk_size": 32})
+        for i, tag in enumerate(("big", "big2")):
+            small: dict[str, Any] = {}
+            watcher = None
+            if i == 1 and args.small:
+                watcher = threading.Thread(target=_watch_small, daemon=True,
+                                           args=(Client(settings), folders["small"], args.small_after, small))
+                watcher.start()
+            job = run_job(settings, folders[tag], f"{args.name}-{tag}", redis_url, "w1", args.tokens,
+                          priority=args.big_priority)
+            if watcher is not None:
+                watcher.join(600)
+                job["small"] = small
+            job["run"] = "first" if i == 0 else "second"
+            row["jobs"].append(job)
+            print(json.dumps(job), flush=True)
+        stop(proc)
+    finally:
+        if server is not None:
+            from worker.engines.vllm_launcher import stop_server
+
+            stop_server(server)
+        redis_proc.terminate()
+    second = row["jobs"][-1]
+    state = second.get("worker_state", {})
+    row.update(img_per_s=second["img_per_s"], failed=sum(j["failed"] for j in row["jobs"]),
+               first_img_per_s=row["jobs"][0]["img_per_s"], preemptions=state.get("preemptions"),
+               peak_gb=_device_used_gb(), all_full_length=all(j["all_full_length"] for j in row["jobs"]),
+               small_first_result_s=second.get("small", {}).get("first_s"),
+               small_done_s=second.get("small", {}).get("done_s"))
+    _write(args, row)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plain")
+    _common(p)
+    p.add_argument("--max-num-seqs", type=int, default=0, help="0: vLLM's default")
+    w = sub.add_parser("worker")
+    _common(w)
+    w.add_argument("--server", action="store_true")
+    w.add_argument("--concurrent-batches", type=int, default=3)
+    w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
+    r = sub.add_parser("report")
+    r.add_argument("--dirs", type=Path, nargs="+", required=True)
+    r.add_argument("--transformers", type=Path, default=None, help="bench.gpu_worker JSON (its warm job)")
+    r.add_argument("--out", type=Path, default=Path("docs/bench"))
+    args = ap.parse_args()
+    if args.cmd == "report":
+        from bench.gpu_vllm_report import report
+
+        report(args.dirs, args.transformers, args.out)
+    else:
+        {"plain": plain, "worker": worker}[args.cmd](args)
+    print(f"host {socket.gethostname()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

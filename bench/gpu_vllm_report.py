@@ -1,0 +1,78 @@
+"""docs/bench/gpu-vllm.{json,md,png} from the rows ``bench.gpu_vllm`` wrote (one JSON per row).
+
+The JSON is the issue's shape: ``{"cap_gb", "vllm", "runs": [{name, img_per_s, failed,
+preemptions, peak_gb, ...}]}``; the markdown table is regenerated between the two markers in
+docs/bench/gpu-vllm.md, so the prose around it stays hand-written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ORDER = ["vllm-seeds", "vllm-default", "ocrq-vllm", "ocrq-vllm-server", "ocrq-transformers"]
+BEGIN, END = "<!-- table:begin -->", "<!-- table:end -->"
+
+
+def _rows(dirs: list[Path], transformers: Path | None) -> list[dict[str, Any]]:
+    rows = {}
+    for d in dirs:
+        for path in sorted(d.glob("*.json")):
+            row = json.loads(path.read_text())
+            if "name" in row and "img_per_s" in row:
+                rows[row["name"]] = row
+    if transformers is not None and transformers.exists():
+        data = json.loads(transformers.read_text())
+        warm = [j for j in data["jobs"] if j.get("start") == "warm"] or data["jobs"][-1:]
+        job = warm[0]
+        rows["ocrq-transformers"] = {
+            "name": "ocrq-transformers", "kind": "ocrq-transformers", "img_per_s": job["img_per_s"],
+            "failed": job["failed"], "preemptions": None, "peak_gb": job.get("max_measured_peak_gb"),
+            "first_img_per_s": data["jobs"][0]["img_per_s"],
+        }
+    return [rows[n] for n in ORDER if n in rows] + [r for n, r in rows.items() if n not in ORDER]
+
+
+def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version: str = "0.26.0") -> dict[str, Any]:
+    rows = _rows(dirs, transformers)
+    plain = [r["img_per_s"] for r in rows if r.get("kind") == "plain-vllm"]
+    best_plain = max(plain) if plain else None
+    runs = [{k: r.get(k) for k in ("name", "img_per_s", "failed", "preemptions", "peak_gb", "first_img_per_s",
+                                   "small_first_result_s", "small_done_s", "build_s", "worker_ready_s",
+                                   "server_ready_s", "max_num_seqs", "concurrent_batches")}
+            for r in rows]
+    doc = {"cap_gb": 24, "vllm": vllm_version, "runs": runs,
+           "best_plain_img_per_s": best_plain,
+           "ocrq_vllm_vs_best_plain": (round(next(r["img_per_s"] for r in rows if r["name"] == "ocrq-vllm")
+                                             / best_plain, 3) if best_plain and any(r["name"] == "ocrq-vllm"
+                                                                                    for r in rows) else None)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-vllm.json").write_text(json.dumps(doc, indent=2) + "\n")
+    table = ["| row | img/s | × best plain | failed | preemptions | device GiB | small job: first / all (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        ratio = f"{r['img_per_s'] / best_plain:.2f}" if best_plain else "-"
+        small = (f"{r['small_first_result_s']} / {r['small_done_s']}"
+                 if r.get("small_first_result_s") is not None else "-")
+        table.append(f"| `{r['name']}` | {r['img_per_s']:.2f} | {ratio} | {r['failed']} | "
+                     f"{'-' if r['preemptions'] is None else r['preemptions']} | "
+                     f"{'-' if r['peak_gb'] is None else r['peak_gb']} | {small} |")
+    md = out / "gpu-vllm.md"
+    text = md.read_text() if md.exists() else f"# HunyuanOCR on vLLM (H200, 24 GiB budget)\n\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    md.write_text(head + BEGIN + "\n" + "\n".join(table) + "\n" + END + rest.split(END, 1)[1])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        ax.barh([r["name"] for r in runs][::-1], [r["img_per_s"] for r in runs][::-1], color="#4c72b0")
+        ax.set_xlabel("images/s (200 mixed pages, 256 tokens, 24 GiB budget)")
+        fig.tight_layout()
+        fig.savefig(out / "gpu-vllm.png", dpi=120)
+    except ImportError:  # the plot is optional; the table and JSON are the record
+        pass
+    return doc
