@@ -273,7 +273,7 @@ def main() -> None:
     w = sub.add_parser("worker")
     _common(w)
     w.add_argument("--server", action="store_true")
-    w.add_argument("--concurrent-batches", type=int, default=3)
+    w.add_argument("--concurrent-batches", type=int, default=8)
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
     r = sub.add_parser("report")
     r.add_argument("--dirs", type=Path, nargs="+", required=True)

@@ -9,6 +9,7 @@
 #   bash bench/h200_vllm.sh bench-a    # plain vLLM (seeds' max_num_seqs=8, defaults), ocrq-vllm
 #   bash bench/h200_vllm.sh bench-b    # ocrq-vllm-server, ocrq-transformers
 #   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
+#   bash bench/h200_vllm.sh rerun      # ocrq-vllm, then ocrq-transformers (bench.gpu_worker)
 #   bash bench/h200_vllm.sh gpu-tests  # tests/gpu/test_vllm_gpu.py (full size, bf16, CUDA graphs)
 set -uo pipefail
 step=${1:?step}
@@ -71,10 +72,22 @@ case $step in
     row 190 vllm-seeds plain --max-num-seqs 8
     row 160 vllm-default plain
     row 220 ocrq-vllm worker ;;
+  ocrq)
+    row 220 ocrq-vllm worker
+    row 250 ocrq-vllm-server worker --server ;;
   bench-b)
     row 250 ocrq-vllm-server worker --server
     timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 300 "$OUT/rows/gpu_worker.json" ;;
+  rerun)
+    row 220 ocrq-vllm worker
+    mkdir -p "$OUT/rows"
+    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
+      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
+  transformers)
+    mkdir -p "$OUT/rows"
+    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
+      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
   bench-c)
     row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
   gpu-tests)

@@ -106,7 +106,7 @@ class EngineSettings(BaseModel):
     #: vllm: micro-batches the engine loop keeps in flight at once. They share vLLM's continuous
     #: batching (the next batch's prefill runs while the last one decodes); 1 drains each batch
     #: before the next starts (docs/bench/gpu-vllm.md measures both)
-    concurrent_batches: int = Field(default=3, ge=1, le=16)
+    concurrent_batches: int = Field(default=8, ge=1, le=32)
     #: vllm-server: one or more OpenAI-compatible endpoints
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     served_model: str | None = None

@@ -90,6 +90,7 @@ class EngineLoop:
         self._inflight: list[_Item] = []
         #: micro-batches the engine may run at once (1: one batch drains before the next starts)
         self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
+        governor.slots = self._slots
         self._running = 0
         #: engine seconds each in-flight request has shared so far (keyed by id of the request)
         self._share: dict[int, float] = {}

@@ -114,6 +114,9 @@ class Governor:
         #: (prompt + max new tokens of every image in flight), not against a byte peak: vLLM
         #: preallocated its memory, and a sequence that outgrows the cache is preempted, not OOM
         self.token_capacity = token_capacity
+        #: batches the engine runs at once (set by the engine loop): they share the count limit, so
+        #: a paged engine is refilled in small steps as batches finish instead of in one big one
+        self.slots = 1
         self.max_size = max_size
         self.size = size
         self.max_skips = max_skips
@@ -188,7 +191,9 @@ class Governor:
     def _token_room(self, free_bytes: int | None) -> float | None:
         """Most batch tokens the budget admits now (None: no budget, count only)."""
         if self.token_capacity is not None:
-            return self.token_capacity * (1.0 - self.headroom) / self._boost
+            # every admitted image holds its prompt and all its new tokens: the KV cache itself is
+            # the budget (headroom is for byte budgets; vLLM keeps its activations outside the KV)
+            return self.token_capacity / self._boost
         if self.budget is None or self.capacity is None:
             return None
         budget = float(self.budget)
@@ -233,7 +238,7 @@ class Governor:
             n = len(pending)
             if n == 0:
                 return []
-            cap_n = max(1, min(self._hard, self._limit))
+            cap_n = self._batch_cap()
             self._note_mix(pending)
             chosen = self._select(pending, free_bytes, skips, inflight)
             self._limited = len(chosen) >= cap_n and n > len(chosen)
@@ -250,7 +255,7 @@ class Governor:
         holds the count limit): no point lingering for more."""
         with self._lock:
             chosen = self._select(pending, free_bytes, None, inflight)
-            return len(chosen) < len(pending) or len(chosen) >= max(1, min(self._hard, self._limit))
+            return len(chosen) < len(pending) or len(chosen) >= self._batch_cap()
 
     def admits(self, first: ImageCost, *, inflight: Sequence[ImageCost] = ()) -> bool:
         """Whether ``first`` fits next to the batches in flight (always, with none in flight)."""
@@ -267,7 +272,7 @@ class Governor:
         inflight: Sequence[ImageCost] = (),
     ) -> list[int]:
         n = len(pending)
-        cap_n = max(1, min(self._hard, self._limit))
+        cap_n = self._batch_cap()
         room = None if self.mode == "fixed" else self._token_room(free_bytes)
         if room is not None and inflight:
             room -= batch_tokens(inflight, self.profile.padded)
@@ -275,6 +280,9 @@ class Governor:
             return list(range(min(n, cap_n)))
         return pack(pending, room, cap_n, padded=self.profile.padded, skips=skips,
                     max_skips=self.max_skips, lookahead=1 + 4 * self._hard)
+
+    def _batch_cap(self) -> int:
+        return max(1, math.ceil(min(self._hard, self._limit) / max(1, self.slots)))
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
         """Running per-image tokens of the workload (padded engines pay the longest image)."""

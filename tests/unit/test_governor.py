@@ -454,8 +454,8 @@ def test_a_paged_engine_is_planned_against_its_kv_tokens_and_the_batches_in_flig
     gov = Governor(profile, capacity_bytes=24 * 2**30, headroom=0.10, max_size=128, token_capacity=100_000)
     assert gov.count_limit() == 128
     page = ImageCost(vision_tokens=800, prompt_tokens=10, output_tokens=190)  # 1,000 tokens
-    assert len(gov.plan([page] * 200)) == 90  # 100k × 0.9 / 1k
+    assert len(gov.plan([page] * 200)) == 100  # 100k KV tokens / 1k a page
     running = [page] * 60
-    assert len(gov.plan([page] * 200, inflight=running)) == 30
-    assert gov.admits(page, inflight=[page] * 89) and not gov.admits(page, inflight=[page] * 90)
+    assert len(gov.plan([page] * 200, inflight=running)) == 40
+    assert gov.admits(page, inflight=[page] * 99) and not gov.admits(page, inflight=[page] * 100)
     assert gov.admits(page)  # nothing in flight: the first image always goes

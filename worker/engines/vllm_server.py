@@ -236,7 +236,9 @@ class VllmServerEngine:
         s = self.sampling
         image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
         buf = io.BytesIO()
-        image.save(buf, format="PNG")  # lossless: the server sees the pixels the worker decoded
+        # lossless: the server sees the pixels the worker decoded; level 1 encodes several times
+        # faster than the default 6 for a few percent more bytes on loopback/LAN
+        image.save(buf, format="PNG", compress_level=1)
         url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
         part = {"type": "image_url", "image_url": {"url": url}}
         return {
