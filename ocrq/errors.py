@@ -9,9 +9,12 @@
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
         ├── MissingObject      file/object/URL does not exist (404)
+        │   └── HostNotFound       the URL's host name does not resolve (NXDOMAIN)
         ├── TooLarge           bytes or pixels above the configured caps
         ├── BadImage           bytes are not a decodable image
         ├── UnsupportedFormat  decodable container but a format we do not accept
+        ├── BadDocument        a PDF that cannot be opened or rendered (broken, truncated)
+        │   └── EncryptedDocument  a PDF that needs a password to open
         ├── TooLargeForDevice  one image alone does not fit the device even at a lower pixel cap
         └── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
 
@@ -65,6 +68,10 @@ class MissingObject(Permanent):
     pass
 
 
+class HostNotFound(MissingObject):
+    """NXDOMAIN: retrying a name that does not exist does not make it exist."""
+
+
 class TooLarge(Permanent):
     pass
 
@@ -74,6 +81,14 @@ class BadImage(Permanent):
 
 
 class UnsupportedFormat(Permanent):
+    pass
+
+
+class BadDocument(Permanent):
+    pass
+
+
+class EncryptedDocument(BadDocument):
     pass
 
 
@@ -94,7 +109,7 @@ _BY_NAME: dict[str, type[OcrqError]] = {
     for cls in (
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
         StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
-        TooLargeForDevice, BadRequest, RetriesExhausted,
+        TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument, EncryptedDocument,
     )
 }
 
