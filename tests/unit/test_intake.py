@@ -35,7 +35,8 @@ def test_counts_add_up_and_accepted_refs_come_back_deduplicated(root: Path) -> N
     assert (plan.accepted, plan.skipped, plan.refused, plan.duplicates) == (3, 2, 0, 1)
     assert plan.summary() == "3 accepted, 2 skipped, 0 refused (1 duplicate refs merged)"
     assert [ref for ref, _ in plan.entries()] == [str(root / n) for n in ("a.png", "b.jp2", "c.pdf")]
-    assert {e.reason for e in plan.skipped_sample} == {"hidden", "a manifest inside a folder (pass it by name to expand it)"}
+    assert {e.reason for e in plan.skipped_sample} == {
+        "hidden", "a manifest inside a folder (pass it by name to expand it)"}
     plan.close()
 
 
