@@ -42,8 +42,8 @@ from ocrq.settings import LimitSettings
 
 #: skipped/refused entries kept for display (all are counted)
 SAMPLE = 200
-ROOTS_HINT = ("allow a directory with OCRQ_LIMITS__ALLOWED_ROOTS='[\"/dir\"]' for the producer and the "
-              "workers (limits.allowed_roots), or restart the embedded stack with `ocrq up --allow /dir`")
+ROOTS_HINT = ("allow the directory with OCRQ_LIMITS__ALLOWED_ROOTS='{roots}' for the producer and the "
+              "workers (limits.allowed_roots), or restart the embedded stack with `ocrq down; ocrq up --allow {dir}`")
 
 
 @dataclass
@@ -73,9 +73,16 @@ class IntakePlan:
             yield ref, row
 
     def hint(self) -> str | None:
-        """What to change when refs were refused for their roots."""
-        if any("allowed roots" in e.reason for e in self.refused_sample):
-            return ROOTS_HINT
+        """What to change when refs were refused for their roots, naming the directory."""
+        for entry in self.refused_sample:
+            if "allowed roots" in entry.reason:
+                raw = entry.value.removeprefix("file://")
+                try:
+                    path = Path(raw).resolve()
+                    directory = path if path.is_dir() else path.parent
+                except (OSError, RuntimeError, ValueError):
+                    directory = Path(raw).parent
+                return ROOTS_HINT.format(roots=json.dumps([str(directory)]), dir=directory)
         return None
 
     def close(self) -> None:

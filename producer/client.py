@@ -68,20 +68,32 @@ class Client:
     @property
     def store(self) -> ResultStore:
         if self._store is None:
-            self._store = make_store(self.settings.store, self.s3 if self.settings.store.kind == "s3" else None)
+            store = self.settings.store
+            if store.kind == "local" and "path" not in store.model_fields_set:
+                # no local store path of our own (the relative default would resolve against this
+                # directory): read where the live workers write, when they agree on one
+                paths = {s["store"] for s in self.worker_states() if str(s.get("store", "")).startswith("/")}
+                if len(paths) == 1:
+                    store = store.model_copy(update={"path": Path(paths.pop())})
+            self._store = make_store(store, self.s3 if store.kind == "s3" else None)
         return self._store
+
+    def worker_states(self) -> list[dict[str, Any]]:
+        """The states live workers publish each second (ocrq.keys.worker_state)."""
+        found = list(self.redis.scan_iter(keys.worker_state("*"), count=200))
+        states = []
+        for raw in self.redis.mget(found) if found else []:
+            try:
+                state = json.loads(raw) if raw else None
+            except ValueError:
+                continue
+            if isinstance(state, dict):
+                states.append(state)
+        return states
 
     def worker_roots(self) -> list[Path]:
         """The allowed roots live workers report (empty when none is running)."""
-        roots: dict[str, None] = {}
-        found = list(self.redis.scan_iter(keys.worker_state("*"), count=200))
-        for raw in self.redis.mget(found) if found else []:
-            try:
-                state = json.loads(raw) if raw else {}
-            except ValueError:
-                continue
-            for root in state.get("allowed_roots") or []:
-                roots[str(root)] = None
+        roots = {str(root): None for state in self.worker_states() for root in state.get("allowed_roots") or []}
         return [Path(r) for r in roots]
 
     def plan(self, refs: Iterable[str]) -> IntakePlan:

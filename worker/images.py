@@ -91,6 +91,8 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
         raise TooLarge(f"decompression bomb refused: {exc}") from exc
     except (OcrqError, MemoryError):
         raise
+    except Image.UnidentifiedImageError as exc:  # no accepted format's signature: text, archives...
+        raise BadImage(f"not an image or a PDF: no known format in its first bytes {data[:16]!r}") from exc
     except Exception as exc:  # Pillow raises many types on corrupt input; all mean "not an image"
         raise BadImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
 

@@ -72,6 +72,7 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 st["prefetch"] = prefetch
                 # producers check local refs against these before publishing (ocrq.intake)
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
+                st["store"] = ctx.store.location  # and read results from where workers write them
                 key = keys.worker_state(self.hostname)
                 ctx.redis.set(key, json.dumps(st, default=str), ex=60)
                 ctx.save_governor()

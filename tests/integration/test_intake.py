@@ -65,9 +65,11 @@ def test_a_folder_of_odd_files_is_all_accounted_for(redis_url, start_worker, tmp
     store = tmp_path / "store"
     start_worker(worker_env(redis_url, store, [tmp_path]))
 
-    # When a user submits it with the CLI from another directory, with no roots of their own
+    # When a user submits it with the CLI from another directory, with no roots or store path of
+    # their own (both come from the live worker's state)
     env = worker_env(redis_url, store, [])
     env.pop("OCRQ_LIMITS__ALLOWED_ROOTS")
+    env.pop("OCRQ_STORE__PATH")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = tmp_path / "results.jsonl"
@@ -154,7 +156,7 @@ def test_outside_the_roots_is_refused_at_submit_and_nothing_is_published(redis_u
     text = " ".join(run.stderr.split())  # rich wraps long lines
     assert "1 accepted, 0 skipped, 2 refused" in text  # the outside folder is refused as a whole
     assert f"outside allowed roots ({allowed}): {outside}" in text
-    assert "OCRQ_LIMITS__ALLOWED_ROOTS" in text and "ocrq up --allow" in text
+    assert f"OCRQ_LIMITS__ALLOWED_ROOTS='[\"{outside}\"]'" in text and f"ocrq up --allow {outside}" in text
     assert f"no such file: {allowed / 'missing.png'}" in text
     # nothing published: no job, no message on the queue
     assert redis_client.llen("ocrq") == 0 and not redis_client.exists(keys.job("refused"))

@@ -50,7 +50,9 @@ def test_missing_files_outside_roots_and_bad_schemes_are_refused(root: Path, tmp
     assert reasons[0] == f"no such file: {root / 'nope.png'}"
     assert reasons[1].startswith(f"outside allowed roots ({root})") and str(outside) in reasons[1]
     assert "scheme 'ftp'" in reasons[2]
-    assert plan.hint() is not None and "OCRQ_LIMITS__ALLOWED_ROOTS" in plan.hint()  # type: ignore[operator]
+    hint = plan.hint() or ""  # names the setting and the directory to allow
+    assert f"OCRQ_LIMITS__ALLOWED_ROOTS='[\"{tmp_path.resolve()}\"]'" in hint
+    assert f"ocrq up --allow {tmp_path.resolve()}" in hint
 
 
 def test_local_refs_must_be_inside_a_live_workers_roots(root: Path) -> None:
@@ -97,3 +99,14 @@ def test_nxdomain_is_host_not_found_and_other_dns_failures_stay_retryable(monkey
     plan = plan_intake(["https://gone.example/a.png", "https://flaky.example/b.png"], LimitSettings())
     assert plan.refused == 1 and plan.accepted == 1  # DNS down at submit: left to the worker
     assert "does not resolve" in plan.refused_sample[0].reason
+
+
+def test_the_embedded_worker_gets_absolute_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocrq.settings import Settings
+    from ocrq.stack import Stack
+
+    monkeypatch.chdir(tmp_path)
+    assert Stack(Settings(), allow=[Path("scans"), tmp_path]).roots == [str(tmp_path.resolve()),
+                                                                       str((tmp_path / "scans").resolve())]
+    configured = Settings(limits={"allowed_roots": ["/data"]})
+    assert Stack(configured, allow=[Path("/srv/in")]).roots == ["/data", "/srv/in"]
