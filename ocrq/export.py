@@ -6,7 +6,8 @@ Who writes it: the worker whose chunk completes the job (done + failed = total) 
 ``ocrq:job:{job}:finishing`` (SET NX, so one of several workers finishing at once) and publishes
 the ``ocrq.finish_job`` task; any worker runs it (acks late: a worker killed while exporting gives
 the message back). A submit that publishes new work, or a reprocess, clears the flag and removes
-the old ``_SUCCESS`` first, so a sensor never sees a marker older than the job's results. Every
+the old ``_SUCCESS`` first, so a sensor never sees a marker older than the job's results; and a
+submit records all its images before publishing any, so a job is never finished half-submitted. Every
 write is whole-object and idempotent; ``_SUCCESS`` is written only after the data files.
 """
 

@@ -7,8 +7,8 @@
 
 Submitting first plans the intake (``ocrq.intake``): every file found is accepted, skipped (by the
 documented rule) or refused, and a submission with any refused ref publishes nothing. Then it
-streams the accepted refs (spooled on disk: millions are fine), records each image as ``queued``
-in the job index and publishes chunks of ``queue.chunk_size`` refs per broker message. Image ids derive
+reads the accepted refs (spooled on disk: millions are fine) twice: it records each image as
+``queued`` in the job index, then publishes chunks of ``queue.chunk_size`` refs per message. Image ids derive
 from (job, ref), and chunk task ids from their contents, so submitting the same job again only
 re-publishes images that are not finished; finished ones are left alone.
 """
@@ -130,20 +130,24 @@ class Client:
         skipped = [f"{e.value}: {e.reason}" for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         self.index.create(job, {"task": task, "params": params, "exports": ["jsonl"] + (["parquet"] * parquet),
                                 "skipped": plan.skipped, "skipped_sample": skipped})
+        # Two passes over the spool: every image is recorded before the first chunk is published,
+        # so workers can never see a job "finished" (and export it) while its refs are still
+        # being recorded.
+        need = bytearray()
+        for window in _windows(plan.entries()):
+            queued = [ImageRecord(id=keys.image_id(job, ref, row), job=job, ref=ref, status=ImageStatus.queued,
+                                  row=row) for ref, row in window]
+            need += bytes(self.index.record(queued, mode="submit"))
+        if any(need):  # new work: the job's export (if any) no longer describes it
+            invalidate(self.redis, self.store, job)
         size = self.settings.queue.chunk_size
-        stream = plan.entries()
         published = 0
-        stale = True
+        offset = 0
         with self.app.producer_or_acquire() as producer:
-            while window := list(islice(stream, _WINDOW)):
-                items = [Item(id=keys.image_id(job, ref, row), ref=ref, row=row) for ref, row in window]
-                queued = [ImageRecord(id=it.id, job=job, ref=it.ref, status=ImageStatus.queued, row=it.row)
-                          for it in items]
-                todo = [it for it, need in zip(items, self.index.record(queued, mode="submit"), strict=True)
-                        if need]
-                if todo and stale:  # new work: the job's export (if any) no longer describes it
-                    invalidate(self.redis, self.store, job)
-                    stale = False
+            for window in _windows(plan.entries()):
+                todo = [Item(id=keys.image_id(job, ref, row), ref=ref, row=row)
+                        for n, (ref, row) in enumerate(window, offset) if need[n]]
+                offset += len(window)
                 for start in range(0, len(todo), size):
                     part = todo[start:start + size]
                     chunk = Chunk(job=job, task=task, params=params, items=part)
@@ -205,6 +209,11 @@ class Client:
 
     def close(self) -> None:
         self.redis.close()
+
+
+def _windows(entries: Iterator[tuple[str, dict[str, Any] | None]]) -> Iterator[list[tuple[str, dict[str, Any] | None]]]:
+    while window := list(islice(entries, _WINDOW)):
+        yield window
 
 
 class SubmissionRefused(RefusedRef):
