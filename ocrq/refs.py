@@ -12,12 +12,11 @@ A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/
 * ``s3://bucket/prefix/`` (trailing slash, or the bare bucket): every object under it (paginated),
   with the same rule for hidden path components and manifests; "folder" marker keys ending in
   ``/`` are not objects.
-* a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line. JSONL: one JSON
-  object per line with a ``ref``/``path``/``url``/``uri`` field, or a bare JSON string. CSV: the
-  first of those columns when the first row names one (a header), else the first column of every
-  row. A row's other fields (``id``, ``metadata``, any column) travel with its ref into the
-  result, unchanged. Relative entries resolve against the manifest's own directory (or S3
-  "directory"); entries may themselves be directories, prefixes or manifests (nesting is capped).
+* a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line (formats:
+  ``ocrq.manifests``). A row's other fields (``id``, ``metadata``, any column) travel with its
+  ref into the result, unchanged. Relative entries resolve against the manifest's own directory
+  (or S3 "directory"); entries may themselves be directories, prefixes or manifests (nesting is
+  capped).
 
 Canonical refs are absolute resolved local paths (no ``file://``), ``s3://bucket/key`` and URLs.
 
@@ -33,9 +32,7 @@ the broker can submit any string).
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 import json
 import os
 import re
@@ -47,17 +44,14 @@ from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable
+from ocrq.errors import RefusedRef
+from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
-MANIFEST_EXTENSIONS = frozenset({".jsonl", ".csv"})
-REF_FIELDS = ("ref", "path", "url", "uri")
 BAD_REF_PREFIX = "invalid:"
 #: a manifest may list manifests this deep (also stops a manifest that lists itself)
 MAX_MANIFEST_DEPTH = 3
-#: a manifest row's extra columns (JSON) above this are refused: they travel in every message
-MAX_ROW_BYTES = 16 * 1024
 _CHUNK = 1 << 16
 # Two or more characters so a Windows drive letter is not a scheme; a relative local name with a
 # colon needs "./" (as in RFC 3986).
@@ -229,7 +223,7 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
             yield Entry("ref", ref.value, row=row)
             return
         here: Path | str = ref.path.parent
-        lines = _local_lines(ref.path)
+        lines = local_lines(ref.path)
     elif ref.kind == "s3" and (ref.is_prefix or ref.is_manifest):
         if s3 is None:
             raise RefusedRef(f"no S3 client to expand {ref.value}")
@@ -238,15 +232,14 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
             return
         directory = ref.key.rpartition("/")[0]
         here = f"s3://{ref.bucket}/{directory}/" if directory else f"s3://{ref.bucket}/"
-        lines = _s3_lines(s3, ref)
+        lines = s3_lines(s3, ref.bucket, ref.key)
     else:
         yield Entry("ref", ref.value, row=row)
         return
     if depth >= MAX_MANIFEST_DEPTH:
         yield _refused(ref.value, f"manifests nested deeper than {MAX_MANIFEST_DEPTH}: {ref.value}")
         return
-    entries = _csv_entries(lines) if _suffix(ref.value) == ".csv" else _jsonl_entries(lines)
-    for line_no, entry, extra in entries:
+    for line_no, entry, extra in manifest_rows(lines, csv=_suffix(ref.value) == ".csv"):
         where = f"line {line_no} of {ref.value}"
         if entry is None:
             yield _refused(where, f"no reference on {where}")
@@ -301,43 +294,6 @@ def _entries(directory: Path) -> Iterator[os.DirEntry[str] | Entry]:
     yield from listing
 
 
-def _local_lines(path: Path) -> Iterator[str]:
-    try:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
-            yield from handle
-    except FileNotFoundError as exc:
-        raise MissingObject(f"manifest not found: {path}") from exc
-    except PermissionError as exc:
-        raise RefusedRef(f"manifest not readable: {path}") from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot read manifest {path}: {exc}") from exc
-
-
-class _BodyReader(io.RawIOBase):
-    """Lets ``io.TextIOWrapper`` stream a botocore body line by line."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def _s3_lines(s3: Any, ref: Ref) -> Iterator[str]:
-    try:
-        body = s3.get_object(Bucket=ref.bucket, Key=ref.key)["Body"]
-        raw = io.BufferedReader(_BodyReader(body), _CHUNK)
-        with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
-            yield from text
-    except (ClientError, BotoCoreError, OSError) as exc:
-        raise s3_error(exc, ref.value) from exc
-
-
 def _list_s3(s3: Any, bucket: str, prefix: str, row: dict[str, Any] | None) -> Iterator[Entry]:
     """Every object under the prefix; "folder" marker keys (ending in '/') are not objects."""
     try:
@@ -356,50 +312,3 @@ def _list_s3(s3: Any, bucket: str, prefix: str, row: dict[str, Any] | None) -> I
                     yield Entry("ref", value, row=row)
     except (ClientError, BotoCoreError, OSError) as exc:
         raise s3_error(exc, f"s3://{bucket}/{prefix}") from exc
-
-
-def _jsonl_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None, dict[str, Any] | None]]:
-    for line_no, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = None
-        extra = None
-        if isinstance(value, dict):
-            field = next((f for f in REF_FIELDS if isinstance(value.get(f), str)), None)
-            extra = {k: v for k, v in value.items() if k != field} or None
-            value = value[field] if field else None
-        ref = value.strip() if isinstance(value, str) and value.strip() else None
-        yield line_no, ref, extra
-
-
-def _csv_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None, dict[str, Any] | None]]:
-    reader = csv.reader(lines)
-    column = 0
-    header: list[str] = []
-    first = True
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error:  # e.g. a field over csv.field_size_limit: that line only
-            yield reader.line_num, None, None
-            continue
-        if first:
-            first = False
-            names = [cell.strip().lower() for cell in row]
-            found = next((names.index(f) for f in REF_FIELDS if f in names), None)
-            if found is not None:
-                column = found
-                header = [cell.strip() for cell in row]
-                continue
-        if not any(cell.strip() for cell in row):
-            continue
-        value = row[column].strip() if column < len(row) else ""
-        # with a header, the other named columns come back in the result (as the text they are)
-        extra = {name: row[i] for i, name in enumerate(header) if i != column and name and i < len(row)}
-        yield reader.line_num, value or None, extra or None
