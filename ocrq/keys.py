@@ -4,7 +4,9 @@ Redis (all under ``ocrq:``; Celery's own keys — ``celery-task-meta-*``, the qu
 after ``settings.queue.name``, ``unacked*`` — live beside them in the same database):
 
     ocrq:jobs                         ZSET  job name -> created (epoch s)         no TTL
-    ocrq:job:{job}                    HASH  meta: task, params, total, created    job_ttl
+    ocrq:job:{job}                    HASH  meta: task, params, queue, priority (reprocess
+                                            re-publishes there), exports, skipped (+ sample),
+                                            created                              job_ttl
     ocrq:job:{job}:images             HASH  image id -> ImageRecord JSON (compact) job_ttl
     ocrq:job:{job}:counts             HASH  status -> n (+ "cached"), kept exact by a Lua script
     ocrq:job:{job}:finishing          STR   set (NX) by the worker that saw the job complete and
