@@ -3,7 +3,8 @@ ref per message vs chunks of refs per message, measured side by side in one run.
 
     .venv/bin/python -m bench.submit_throughput --refs 20000 --out docs/bench/submit.md
 
-Starts its own redis-server on a free port (no worker: this measures the producer + broker).
+Starts its own redis-server on a free port (no worker: this measures the producer + broker,
+including the intake plan: a stat per local file and the on-disk spool of accepted refs).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from producer.client import Client
 def run(refs: int, chunk_sizes: list[int], port: int, root: Path) -> list[dict[str, float]]:
     url = f"redis://127.0.0.1:{port}/0"
     names = [str(root / f"img_{i:07d}.png") for i in range(refs)]
+    for name in names:  # the producer refuses local files that do not exist (ocrq.intake)
+        Path(name).touch()
     rows = []
     for size in chunk_sizes:
         redis.Redis.from_url(url).flushdb()
@@ -65,8 +68,10 @@ def main() -> None:
             "# Submission throughput\n\n"
             f"`python -m bench.submit_throughput --refs {args.refs}` on {platform.node()} "
             f"({platform.processor() or platform.machine()}, 2 cores), {time.strftime('%Y-%m-%d')}. "
-            "Producer → real redis-server (loopback), no worker. Each submit records every image as "
-            "`queued` in the job index (Lua, 500 per call) and publishes the chunk messages.\n\n"
+            "Producer → real redis-server (loopback), no worker. Each submit first plans the intake "
+            "(expands the refs, stats each local file, spools the accepted ones to disk: ocrq/intake.py), "
+            "then records every image as `queued` in the job index (Lua, 500 per call) and publishes "
+            "the chunk messages.\n\n"
             + table + "\n\nOne message per image is bounded by a broker round trip per image; chunks "
             "amortise it, which is why bulk jobs are published as chunks (docs/ARCHITECTURE.md).\n"
         )

@@ -1,9 +1,10 @@
 """The ``ocrq`` command line. Each command builds the process's settings once and passes them on.
 
-    ocrq up | down                              embedded stack (Redis, one worker, Flower)
+    ocrq up [--allow DIR] | down                embedded stack (Redis, one worker, Flower)
     ocrq flower                                 Flower on the ocrq app, behind basic auth
     ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
     ocrq status J | results J [--out F] | jobs  follow jobs
+    ocrq export J [--wait]                      (re)write a finished job's JSONL/Parquet + _SUCCESS
     ocrq failed [--job J --error T --since 2h] | failed show ID | failed purge   the failed registry
     ocrq reprocess [--job J] [--error T] [--dry-run]                           re-run failed images
     ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
@@ -58,11 +59,14 @@ def _client(settings: Settings) -> Any:
 
 
 @app.command()
-def up(wait: float = typer.Option(300, help="seconds to wait for the worker to be ready")) -> None:
+def up(wait: float = typer.Option(300, help="seconds to wait for the worker to be ready"),
+       allow: list[Path] = typer.Option([], "--allow", help="a directory the worker may read local files "
+                                        "from (repeatable; default: limits.allowed_roots, else here)"),
+       ) -> None:
     """Start the embedded stack in the background (state under ./var/)."""
     from ocrq.stack import Stack
 
-    for name, what in Stack(_settings()).up(wait=wait).items():
+    for name, what in Stack(_settings(), allow=allow).up(wait=wait).items():
         console.print(f"[green]{name:7}[/] {what}")
 
 
@@ -110,20 +114,39 @@ def submit(
     out: Path | None = typer.Option(None, "--out", "-o", help="write one JSON line per image (implies --wait)"),
     timeout: float | None = typer.Option(None, help="seconds to wait at most"),
     show: bool = typer.Option(False, "--print", help="print each image's text when done (implies --wait)"),
+    parquet: bool = typer.Option(False, "--parquet", help="the job's export at completion includes Parquet"),
 ) -> None:
-    """Submit image references as job JOB."""
+    """Submit image references as job JOB.
+
+    Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
+    published), 3 (with --wait) some images failed, 4 (with --wait) timed out."""
     settings = _settings()
     client = _client(settings)
     t0 = time.monotonic()
     try:
-        handle = client.submit(refs, job=job, task=task, params=_parse_params(param), priority=priority)
-    except (OcrqError, ValueError) as exc:  # a container we cannot read, a bad job name: no traceback
+        plan = client.plan(refs)
+    except (OcrqError, ValueError) as exc:  # a container we cannot read: no traceback
+        console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
+        raise typer.Exit(code=2) from exc
+    _print_plan(job, plan)
+    if plan.refused:
+        plan.close()
+        console.print(f"[red]submission refused[/]: nothing published for job {escape(job)}")
+        raise typer.Exit(code=2)
+    try:
+        handle = client.submit(plan, job=job, task=task, params=_parse_params(param), priority=priority,
+                               parquet=parquet)
+    except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
     console.print(f"job [bold]{job}[/]: {handle.published} images published in {time.monotonic() - t0:.2f}s")
     if not (wait or out or show):
         return
-    counts = _wait(handle, timeout)
+    try:
+        counts = _wait(handle, timeout)
+    except TimeoutError as exc:
+        console.print(f"[yellow]timed out[/]: {escape(str(exc))}")
+        raise typer.Exit(code=4) from exc
     elapsed = time.monotonic() - t0
     if out is not None:
         n = _write_results(handle, out)
@@ -133,6 +156,21 @@ def submit(
     _print_counts(job, counts, elapsed)
     if counts["failed"]:
         raise typer.Exit(code=3)
+
+
+def _print_plan(job: str, plan: Any, shown: int = 20) -> None:
+    """The intake summary, before anything is published: every file is accounted for."""
+    console.print(f"job [bold]{escape(job)}[/]: {plan.summary()}")
+    for title, entries, total in (("skipped", plan.skipped_sample, plan.skipped),
+                                  ("refused", plan.refused_sample, plan.refused)):
+        for entry in entries[:shown]:
+            colour = "yellow" if title == "skipped" else "red"
+            console.print(f"  [{colour}]{title}[/] {escape(entry.value)}: {escape(entry.reason)}")
+        if total > shown:
+            console.print(f"  … and {total - shown} more {title}")
+    hint = plan.hint()
+    if hint:
+        console.print(f"  [bold]hint[/]: {escape(hint)}")
 
 
 def _wait(handle: Any, timeout: float | None) -> dict[str, int]:
@@ -181,27 +219,62 @@ def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None
                       f"{counts['cached']} cache hits")
 
 
+def _job(client: Any, job: str) -> Any:
+    from producer.client import UnknownJob
+
+    try:
+        return client.job(job)
+    except UnknownJob as exc:
+        console.print(f"[red]no such job[/]: {escape(job)} (`ocrq jobs` lists the known ones)")
+        raise typer.Exit(code=1) from exc
+
+
 @app.command()
 def status(job: str) -> None:
-    """Counts per status for JOB, and what it cost: GPU-seconds, img/s, $ per 1,000 images."""
+    """Counts per status for JOB, and what it cost: GPU-seconds, img/s, $ per 1,000 images
+    (exit 1 if there is no such job)."""
     from ocrq.jobcost import job_cost
 
     settings = _settings()
     client = _client(settings)
-    counts = client.job(job).status()
+    handle = _job(client, job)
+    counts = handle.status()
     _print_counts(job, counts)
+    meta = client.index.meta(job)
+    if meta.get("skipped"):
+        console.print(f"{meta['skipped']} files skipped at submit, e.g.:")
+        for line in meta.get("skipped_sample", [])[:10]:
+            console.print(f"  {escape(line)}")
     cost = job_cost(client.index, job, settings.gpu_hour_usd)
     console.print(f"engine {cost.gpu_seconds:.2f} GPU-s over {cost.batches} batches for {cost.engine_images} "
                   f"images (the rest cached or failed) · {cost.img_per_s:.2f} img/s · "
                   f"${cost.usd_per_1000_images:.4f} per 1,000 images at ${cost.gpu_hour_usd:.2f}/GPU-h "
                   "(OCRQ_GPU_HOUR_USD)")
-    print(json.dumps({**counts, "cost": cost.as_dict()}))
+    marker = handle.export_marker()
+    if marker:
+        console.print(f"export: {marker.get('lines')} lines, {', '.join(marker.get('files', []))} "
+                      f"under {escape(client.store.location)}results/{escape(job)}/export/")
+    print(json.dumps({**counts, "skipped": int(meta.get("skipped", 0)), "exported": bool(marker),
+                      "cost": cost.as_dict()}))
+
+
+@app.command()
+def export(job: str, wait: bool = typer.Option(False, "--wait", help="wait for the _SUCCESS marker"),
+           timeout: float | None = typer.Option(None)) -> None:
+    """(Re)write JOB's export (results JSONL, Parquet if asked, then _SUCCESS) through a worker."""
+    client = _client(_settings())
+    handle = _job(client, job)
+    if not client.request_export(job, force=True):
+        console.print(f"job {escape(job)} is not finished: {handle.status()}")
+        raise typer.Exit(code=1)
+    if wait:
+        print(json.dumps(handle.wait_export(timeout=timeout)))
 
 
 @app.command()
 def results(job: str, out: Path | None = typer.Option(None, "--out", "-o")) -> None:
-    """Every image of JOB as JSON lines (stdout or --out)."""
-    handle = _client(_settings()).job(job)
+    """Every image of JOB as JSON lines (stdout or --out; exit 1 if there is no such job)."""
+    handle = _job(_client(_settings()), job)
     if out is not None:
         console.print(f"wrote {_write_results(handle, out)} lines to {out}")
         return

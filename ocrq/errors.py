@@ -10,9 +10,12 @@
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
         ├── MissingObject      file/object/URL does not exist (404)
+        │   └── HostNotFound       the URL's host name does not resolve (NXDOMAIN)
         ├── TooLarge           bytes or pixels above the configured caps
         ├── BadImage           bytes are not a decodable image
         ├── UnsupportedFormat  decodable container but a format we do not accept
+        ├── BadDocument        a PDF that cannot be opened or rendered (broken, truncated)
+        │   └── EncryptedDocument  a PDF that needs a password to open
         ├── TooLargeForDevice  one image alone does not fit the device even at a lower pixel cap
         ├── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
         └── RetriesExhausted   a retryable error kept happening until ``queue.max_attempts`` ran
@@ -73,6 +76,10 @@ class MissingObject(Permanent):
     pass
 
 
+class HostNotFound(MissingObject):
+    """NXDOMAIN: retrying a name that does not exist does not make it exist."""
+
+
 class TooLarge(Permanent):
     pass
 
@@ -82,6 +89,14 @@ class BadImage(Permanent):
 
 
 class UnsupportedFormat(Permanent):
+    pass
+
+
+class BadDocument(Permanent):
+    pass
+
+
+class EncryptedDocument(BadDocument):
     pass
 
 
@@ -106,7 +121,7 @@ _BY_NAME: dict[str, type[OcrqError]] = {
     for cls in (
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
         EngineUnavailable, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
-        TooLargeForDevice, BadRequest, RetriesExhausted,
+        TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument, EncryptedDocument,
     )
 }
 

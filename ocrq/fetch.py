@@ -2,8 +2,9 @@
 
 Local files are opened non-blocking and must be regular files inside the allowed roots (checked
 again here: the worker is the security boundary); S3 objects and HTTP(S) URLs are streamed and
-cut at ``limits.max_bytes``. Missing → MissingObject, refused → RefusedRef, too big → TooLarge,
-unreachable/5xx/throttled → StorageUnavailable (retryable).
+cut at ``limits.max_bytes``. Missing → MissingObject (a host name that does not exist →
+HostNotFound), refused → RefusedRef, too big → TooLarge, unreachable/5xx/throttled/DNS down →
+StorageUnavailable (retryable).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
+from ocrq.errors import HostNotFound, MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
 from ocrq.refs import _CHUNK, Ref, parse
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
+
+#: getaddrinfo's "no such name" answers (EAI_NODATA is not defined everywhere)
+_NO_SUCH_HOST = frozenset(
+    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
+)
 
 
 def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
@@ -127,6 +133,8 @@ def _public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
     try:
         infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except socket.gaierror as exc:
+        if exc.errno in _NO_SUCH_HOST:  # NXDOMAIN: retrying cannot make the name exist
+            raise HostNotFound(f"host does not resolve: {host}: {exc}") from exc
         raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
     addresses = [str(info[4][0]).split("%")[0] for info in infos]
     if not limits.http_allow_private:

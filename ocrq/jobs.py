@@ -98,6 +98,9 @@ class JobIndex:
 
     # --- reads -----------------------------------------------------------------------------
 
+    def exists(self, job: str) -> bool:
+        return bool(self.redis.exists(keys.job(job)))
+
     def meta(self, job: str) -> dict[str, Any]:
         raw = self.redis.hgetall(keys.job(job))
         return {k.decode(): json.loads(v) for k, v in raw.items()}

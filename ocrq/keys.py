@@ -4,12 +4,19 @@ Redis (all under ``ocrq:``; Celery's own keys — ``celery-task-meta-*``, the qu
 after ``settings.queue.name``, ``unacked*`` — live beside them in the same database):
 
     ocrq:jobs                         ZSET  job name -> created (epoch s)         no TTL
-    ocrq:job:{job}                    HASH  meta: task, params, total, created    job_ttl
+    ocrq:job:{job}                    HASH  meta: task, params, queue, priority (reprocess
+                                            re-publishes there), exports, skipped (+ sample),
+                                            created                              job_ttl
     ocrq:job:{job}:images             HASH  image id -> ImageRecord JSON (compact) job_ttl
     ocrq:job:{job}:counts             HASH  status -> n (+ "cached"), kept exact by a Lua script
+    ocrq:job:{job}:finishing          STR   set (NX) by the worker that saw the job complete and
+                                            published its export task; cleared when the job gets
+                                            new work (submit, reprocess)                 job_ttl
     ocrq:failed                       ZSET  "{job}/{image id}" -> failed at (epoch s)   no TTL
     ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
-    ocrq:workers:{hostname}           HASH  governor/engine state for metrics      60 s, refreshed
+    ocrq:workers:{hostname}           STR   governor/engine state for metrics, and the worker's
+                                            allowed roots (producers check local refs against
+                                            them at submit)                     60 s, refreshed
     ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
@@ -21,10 +28,15 @@ Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path
     {prefix}failed/{job}/{image id}.json    durable mirror of the failed registry: the failed
                                             record + task, params (``ocrq failed --from-store``);
                                             stale once the result above is done again
+    {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
+    {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
+    {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
 
-Ids: image id = sha256(job NUL ref)[:32]; chunk task id = sha256(job NUL first id NUL n)[:32];
-cache key = sha256(image bytes) . engine revision . task . sha256(params)[:16]
-(so re-submitting the same (job, ref) or the same bytes is a no-op / cache hit).
+Ids: image id = sha256(job NUL ref)[:32] (plus NUL + the manifest row's JSON when the ref came with
+extra columns, so two rows naming one file stay two results); chunk task id = sha256(job NUL first id NUL n)[:32];
+cache key = sha256(image bytes) . engine revision . task . sha256(params)[:16]; for a PDF page,
+sha256 of the rendered page (size, mode, pixels) stands in for the bytes, so the same page inside
+two PDFs is one cache entry (so re-submitting the same (job, ref) or the same bytes is a no-op / cache hit).
 """
 
 from __future__ import annotations
@@ -49,6 +61,10 @@ def job_images(job_name: str) -> str:
 
 def job_counts(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}:counts"
+
+
+def job_finishing(job_name: str) -> str:
+    return f"{PREFIX}job:{job_name}:finishing"
 
 
 def cache(cache_key: str) -> str:
@@ -105,14 +121,30 @@ def failed_object(job_name: str, image_id: str) -> str:
     return f"{FAILED_OBJECTS}{job_name}/{image_id}.json"
 
 
+#: file names of a job's export (under ``export_prefix``); ``_SUCCESS`` is always written last
+EXPORT_JSONL = "results.jsonl"
+EXPORT_PARQUET = "results.parquet"
+EXPORT_SUCCESS = "_SUCCESS"
+
+
+def export_prefix(job_name: str) -> str:
+    return f"results/{job_name}/export/"
+
+
+def export_object(job_name: str, name: str) -> str:
+    return export_prefix(job_name) + name
+
+
 # --- deterministic ids -----------------------------------------------------------------------
 
 def _sha(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def image_id(job_name: str, ref: str) -> str:
-    return _sha(job_name, ref)[:32]
+def image_id(job_name: str, ref: str, row: Mapping[str, Any] | None = None) -> str:
+    if not row:
+        return _sha(job_name, ref)[:32]
+    return _sha(job_name, ref, json.dumps(dict(row), sort_keys=True, default=str))[:32]
 
 
 def chunk_id(job_name: str, first_image_id: str, n: int) -> str:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field
 
 #: Celery task name of the chunk task (the producer sends by name; it never imports the worker)
 OCR_CHUNK_TASK = "ocrq.ocr_chunk"
+#: Celery task name of the job export (results JSONL/Parquet + _SUCCESS), args: [job]
+FINISH_JOB_TASK = "ocrq.finish_job"
 
 
 class Item(BaseModel):
@@ -21,6 +23,8 @@ class Item(BaseModel):
     ref: str
     #: 1 on first delivery; incremented for each retry of this image
     attempt: int = 1
+    #: a manifest row's other columns (``id``, ``metadata``, ...), carried into the result as is
+    row: dict[str, Any] | None = None
 
 
 class Chunk(BaseModel):

@@ -1,26 +1,30 @@
-"""Image references: parsing, confinement to allowed roots, and expansion (``expand``) for producers
-(workers read the bytes with ``ocrq.fetch``).
+"""Image references: parsing, confinement to allowed roots, and expansion (``expand_entries``)
+for producers (workers read the bytes with ``ocrq.fetch``).
 
 A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, or an
 ``http(s)://`` URL. Containers expand to single-image refs:
 
-* a local directory: its image files (by extension, case-insensitive), depth first in name order;
-  hidden entries (``.name``) are skipped and a symlinked directory is entered once.
-* ``s3://bucket/prefix/`` (trailing slash, or the bare bucket): the image keys under it (paginated).
-* a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line. JSONL: one JSON
-  object per line with a ``ref``/``path``/``url``/``uri`` field, or a bare JSON string. CSV: the
-  first of those columns when the first row names one (a header), else the first column of every
-  row. Relative entries resolve against the manifest's own directory (or S3 "directory"); entries
-  may themselves be directories, prefixes or manifests (nesting is capped).
+* a local directory: every regular file in it, whatever its name (the worker sniffs the content:
+  magic bytes, not the extension), depth first in name order. Skipped, counted and listed: hidden
+  entries (``.name``, and everything under a hidden directory), manifests found inside a folder,
+  and entries that are not regular files (FIFOs, sockets, broken symlinks). A symlinked
+  directory is entered once.
+* ``s3://bucket/prefix/`` (trailing slash, or the bare bucket): every object under it (paginated),
+  with the same rule for hidden path components and manifests; "folder" marker keys ending in
+  ``/`` are not objects.
+* a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line (formats:
+  ``ocrq.manifests``). A row's other fields (``id``, ``metadata``, any column) travel with its
+  ref into the result, unchanged. Relative entries resolve against the manifest's own directory
+  (or S3 "directory"); entries may themselves be directories, prefixes or manifests (nesting is
+  capped).
 
 Canonical refs are absolute resolved local paths (no ``file://``), ``s3://bucket/key`` and URLs.
 
-Policy for bad input, so that nothing is silently lost: a reference that is malformed, refused
-(scheme, outside the allowed roots) or a manifest line without a usable ref is yielded as
-``invalid:<reason>: <raw>``; ``fetch`` refuses that with ``RefusedRef`` and the worker records it
-on the image. The raw text is never yielded as-is: a relative path from a manifest would resolve
-against another directory on the worker. A container that cannot be read at all (missing
-manifest or bucket, S3 down) raises its typed error instead, since its contents are unknown.
+Nothing is silently lost: every file found is an ``Entry`` — a ref, skipped (with the rule that
+skipped it), or refused (malformed, scheme, outside the allowed roots, bucket not allowed,
+unreadable directory, a manifest line without a usable ref). Producers refuse a submission with
+any refused entry before publishing anything (``ocrq.intake``). A container that cannot be read
+at all (missing manifest or bucket, S3 down) raises its typed error instead.
 
 Confinement is enforced again by ``fetch`` (the worker is the boundary: anyone who can write to
 the broker can submit any string).
@@ -28,9 +32,7 @@ the broker can submit any string).
 
 from __future__ import annotations
 
-import csv
 import functools
-import io
 import json
 import os
 import re
@@ -42,13 +44,11 @@ from urllib.parse import unquote, urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable
+from ocrq.errors import RefusedRef
+from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"})
-MANIFEST_EXTENSIONS = frozenset({".jsonl", ".csv"})
-REF_FIELDS = ("ref", "path", "url", "uri")
 BAD_REF_PREFIX = "invalid:"
 #: a manifest may list manifests this deep (also stops a manifest that lists itself)
 MAX_MANIFEST_DEPTH = 3
@@ -140,6 +140,11 @@ def _resolved_roots(roots: tuple[Path, ...], cwd: Path) -> tuple[Path, ...]:
     return tuple(r.resolve() for r in (roots or (cwd,)))
 
 
+def effective_roots(limits: LimitSettings) -> tuple[Path, ...]:
+    """The resolved roots local refs must lie in (the current directory when none is set)."""
+    return _resolved_roots(tuple(limits.allowed_roots), Path.cwd())
+
+
 def _local(path: Path, raw: str, limits: LimitSettings, base: Path | str | None) -> Ref:
     cwd = Path.cwd()
     if not path.is_absolute():
@@ -150,7 +155,8 @@ def _local(path: Path, raw: str, limits: LimitSettings, base: Path | str | None)
     except (OSError, RuntimeError) as exc:  # symlink loops
         raise RefusedRef(f"unresolvable path: {raw}") from exc
     if not any(resolved.is_relative_to(root) for root in roots):
-        raise RefusedRef(f"outside allowed roots: {raw}")
+        listed = ", ".join(str(r) for r in roots)
+        raise RefusedRef(f"outside allowed roots ({listed}): {raw}")
     return Ref("local", str(resolved), path=resolved)
 
 
@@ -161,177 +167,148 @@ def canonical(ref: str, limits: LimitSettings) -> str:
 
 # --- expansion ---------------------------------------------------------------------------------
 
-def expand(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None) -> Iterator[str]:
-    """Lazily expand references, directories, S3 prefixes and manifests into single-image refs."""
+@dataclass(frozen=True)
+class Entry:
+    """One outcome of expanding the inputs: a single-image ``ref`` to submit, a file ``skipped``
+    by the documented rule (hidden, a manifest inside a folder, not a regular file), or a
+    reference ``refused`` (malformed, scheme, roots, bucket, unreadable directory, bad manifest
+    line). ``value`` is the canonical ref, or the raw text when skipped/refused."""
+
+    kind: Literal["ref", "skipped", "refused"]
+    value: str
+    reason: str = ""
+    #: a manifest row's other columns, carried into the result unchanged
+    row: dict[str, Any] | None = None
+
+
+def expand_entries(inputs: Iterable[str], limits: LimitSettings,
+                   s3_client: Any | None = None) -> Iterator[Entry]:
+    """Lazily expand references, directories, S3 prefixes and manifests; every file found is an
+    ``Entry`` (never silently dropped)."""
     for raw in inputs:
         if raw.strip():
-            yield from _expand(raw.strip(), limits, s3_client, None, 0)
+            yield from _expand(raw.strip(), limits, s3_client, None, 0, None)
+
+
+def expand(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None) -> Iterator[str]:
+    """Single-image refs only (refused ones as ``invalid:<reason>``; skipped files left out)."""
+    for entry in expand_entries(inputs, limits, s3_client):
+        if entry.kind == "ref":
+            yield entry.value
+        elif entry.kind == "refused":
+            yield _bad(entry.reason)
 
 
 def _bad(reason: str) -> str:
     return f"{BAD_REF_PREFIX}{reason}"
 
 
+def _refused(raw: str, reason: str) -> Entry:
+    return Entry("refused", raw, reason)
+
+
 def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | None,
-            depth: int) -> Iterator[str]:
+            depth: int, row: dict[str, Any] | None) -> Iterator[Entry]:
     try:
         ref = parse(raw, limits, base)
     except RefusedRef as exc:
-        yield _bad(str(exc))
+        yield _refused(raw, str(exc))
         return
     lines: Iterator[str]
     if ref.kind == "local" and ref.path is not None:
         if ref.path.is_dir():
-            yield from _walk(ref.path, limits)
+            yield from _walk(ref.path, limits, row)
             return
         if not ref.is_manifest:
-            yield ref.value
+            yield Entry("ref", ref.value, row=row)
             return
         here: Path | str = ref.path.parent
-        lines = _local_lines(ref.path)
+        lines = local_lines(ref.path)
     elif ref.kind == "s3" and (ref.is_prefix or ref.is_manifest):
         if s3 is None:
             raise RefusedRef(f"no S3 client to expand {ref.value}")
         if ref.is_prefix:
-            yield from _list_s3(s3, ref.bucket, ref.key)
+            yield from _list_s3(s3, ref.bucket, ref.key, row)
             return
         directory = ref.key.rpartition("/")[0]
         here = f"s3://{ref.bucket}/{directory}/" if directory else f"s3://{ref.bucket}/"
-        lines = _s3_lines(s3, ref)
+        lines = s3_lines(s3, ref.bucket, ref.key)
     else:
-        yield ref.value
+        yield Entry("ref", ref.value, row=row)
         return
     if depth >= MAX_MANIFEST_DEPTH:
-        yield _bad(f"manifests nested deeper than {MAX_MANIFEST_DEPTH}: {ref.value}")
+        yield _refused(ref.value, f"manifests nested deeper than {MAX_MANIFEST_DEPTH}: {ref.value}")
         return
-    entries = _csv_entries(lines) if _suffix(ref.value) == ".csv" else _jsonl_entries(lines)
-    for line_no, entry in entries:
+    for line_no, entry, extra in manifest_rows(lines, csv=_suffix(ref.value) == ".csv"):
+        where = f"line {line_no} of {ref.value}"
         if entry is None:
-            yield _bad(f"no reference on line {line_no} of {ref.value}")
+            yield _refused(where, f"no reference on {where}")
+        elif extra and len(json.dumps(extra, default=str)) > MAX_ROW_BYTES:
+            yield _refused(where, f"extra columns over {MAX_ROW_BYTES} bytes on {where}")
         else:
-            yield from _expand(entry, limits, s3, here, depth + 1)
+            yield from _expand(entry, limits, s3, here, depth + 1, extra or row)
 
 
-def _walk(top: Path, limits: LimitSettings) -> Iterator[str]:
+def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Iterator[Entry]:
     seen = {str(top)}
-    stack: list[Iterator[os.DirEntry[str] | str]] = [_entries(top)]
+    stack: list[Iterator[os.DirEntry[str] | Entry]] = [_entries(top)]
     while stack:
         entry = next(stack[-1], None)
         if entry is None:
             stack.pop()
             continue
-        if isinstance(entry, str):
+        if isinstance(entry, Entry):
             yield entry
             continue
+        if entry.name.startswith("."):
+            yield Entry("skipped", entry.path, "hidden")
+            continue
         is_dir = entry.is_dir()
-        if entry.name.startswith(".") or not (is_dir or _suffix(entry.name) in IMAGE_EXTENSIONS):
+        if not is_dir and not entry.is_file():
+            yield Entry("skipped", entry.path, "not a regular file")
+            continue
+        if not is_dir and _suffix(entry.name) in MANIFEST_EXTENSIONS:
+            yield Entry("skipped", entry.path, "a manifest inside a folder (pass it by name to expand it)")
             continue
         try:
             ref = parse(entry.path, limits)
-        except RefusedRef as exc:  # a symlink out of the roots: recorded, never read
-            yield _bad(str(exc))
+        except RefusedRef as exc:  # a symlink out of the roots
+            yield _refused(entry.path, str(exc))
             continue
         if is_dir:
             if ref.value not in seen:  # symlink loops and aliases are entered once
                 seen.add(ref.value)
                 stack.append(_entries(Path(entry.path)))
         else:
-            yield ref.value
+            yield Entry("ref", ref.value, row=row)
 
 
-def _entries(directory: Path) -> Iterator[os.DirEntry[str] | str]:
+def _entries(directory: Path) -> Iterator[os.DirEntry[str] | Entry]:
     # One directory's listing is held (to sort it), never the whole tree.
     try:
         with os.scandir(directory) as it:
             listing = sorted(it, key=lambda e: e.name)
     except OSError as exc:  # an unreadable subdirectory is recorded, the walk goes on
-        yield _bad(f"unreadable directory: {directory}: {exc.strerror}")
+        yield _refused(str(directory), f"unreadable directory: {directory}: {exc.strerror}")
         return
     yield from listing
 
 
-def _local_lines(path: Path) -> Iterator[str]:
-    try:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
-            yield from handle
-    except FileNotFoundError as exc:
-        raise MissingObject(f"manifest not found: {path}") from exc
-    except PermissionError as exc:
-        raise RefusedRef(f"manifest not readable: {path}") from exc
-    except OSError as exc:
-        raise StorageUnavailable(f"cannot read manifest {path}: {exc}") from exc
-
-
-class _BodyReader(io.RawIOBase):
-    """Lets ``io.TextIOWrapper`` stream a botocore body line by line."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def _s3_lines(s3: Any, ref: Ref) -> Iterator[str]:
-    try:
-        body = s3.get_object(Bucket=ref.bucket, Key=ref.key)["Body"]
-        raw = io.BufferedReader(_BodyReader(body), _CHUNK)
-        with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
-            yield from text
-    except (ClientError, BotoCoreError, OSError) as exc:
-        raise s3_error(exc, ref.value) from exc
-
-
-def _list_s3(s3: Any, bucket: str, prefix: str) -> Iterator[str]:
+def _list_s3(s3: Any, bucket: str, prefix: str, row: dict[str, Any] | None) -> Iterator[Entry]:
+    """Every object under the prefix; "folder" marker keys (ending in '/') are not objects."""
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", ()):
                 key = obj["Key"]
-                if not key.endswith("/") and _suffix(key.rpartition("/")[2]) in IMAGE_EXTENSIONS:
-                    yield f"s3://{bucket}/{key}"
+                if key.endswith("/"):
+                    continue
+                value = f"s3://{bucket}/{key}"
+                parts = key[len(prefix):].split("/")
+                if any(part.startswith(".") for part in parts):
+                    yield Entry("skipped", value, "hidden")
+                elif _suffix(parts[-1]) in MANIFEST_EXTENSIONS:
+                    yield Entry("skipped", value, "a manifest inside a prefix (pass it by name to expand it)")
+                else:
+                    yield Entry("ref", value, row=row)
     except (ClientError, BotoCoreError, OSError) as exc:
         raise s3_error(exc, f"s3://{bucket}/{prefix}") from exc
-
-
-def _jsonl_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None]]:
-    for line_no, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = None
-        if isinstance(value, dict):
-            value = next((value[f] for f in REF_FIELDS if isinstance(value.get(f), str)), None)
-        yield line_no, value.strip() if isinstance(value, str) and value.strip() else None
-
-
-def _csv_entries(lines: Iterable[str]) -> Iterator[tuple[int, str | None]]:
-    reader = csv.reader(lines)
-    column = 0
-    first = True
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error:  # e.g. a field over csv.field_size_limit: that line only
-            yield reader.line_num, None
-            continue
-        if first:
-            first = False
-            names = [cell.strip().lower() for cell in row]
-            found = next((names.index(f) for f in REF_FIELDS if f in names), None)
-            if found is not None:
-                column = found
-                continue
-        if not any(cell.strip() for cell in row):
-            continue
-        value = row[column].strip() if column < len(row) else ""
-        yield reader.line_num, value or None

@@ -73,7 +73,7 @@ class ImageRecord(BaseModel):
     cache_key: str | None = None
     sha256: str | None = None
     error: ErrorInfo | None = None
-    #: pages produced by this ref (multi-frame TIFF/GIF give several); text joins them
+    #: pages produced by this ref (PDF pages, multi-frame TIFF/GIF frames); text joins them
     pages: int = 0
     #: Celery node name of the worker that wrote this record
     worker: str | None = None
@@ -83,6 +83,8 @@ class ImageRecord(BaseModel):
     #: the engine call (batch) that read it and how many images that call held
     batch: str | None = None
     batch_size: int | None = None
+    #: the manifest row's other columns (``id``, ``metadata``, ...), unchanged, for joining
+    row: dict[str, Any] | None = None
     updated: float = 0.0
 
 
@@ -110,7 +112,9 @@ class ImageResult(BaseModel):
             "error": rec.error.model_dump() if rec.error else None,
             "sha256": rec.sha256,
             "pages": rec.pages,
-            "lines": [ln.model_dump() for o in self.outputs for ln in o.lines],
+            "page_texts": [o.text for o in self.outputs],
+            "lines": [{**ln.model_dump(), "page": o.page} for o in self.outputs for ln in o.lines],
             "engine": self.outputs[0].engine if self.outputs else None,
             "model": self.outputs[0].model if self.outputs else None,
+            "row": rec.row,
         }

@@ -61,9 +61,15 @@ class LimitSettings(BaseModel):
     max_pixels: int = 2048 * 2048
     #: decoded pixels above this are refused outright (decompression-bomb guard)
     bomb_pixels: int = 180_000_000
-    #: multi-frame images: pages beyond this are ignored (recorded in meta)
-    max_pages: int = 32
-    #: local references must resolve inside one of these roots (empty: the current directory)
+    #: multi-frame images: frames beyond this are ignored (recorded in meta); a PDF with more
+    #: pages than this fails with TooLarge (split it, or raise the cap)
+    max_pages: int = 64
+    #: a PDF's pages are rendered at this resolution (each page then kept within max_pixels)
+    pdf_dpi: int = 200
+    #: pixels of all rendered pages of one document together (host memory: 3 bytes each)
+    max_document_pixels: int = 256_000_000
+    #: local references must resolve inside one of these roots (empty: the current directory of
+    #: a worker; a producer with none checks against the roots its live workers report)
     allowed_roots: list[Path] = Field(default_factory=list)
     #: buckets s3:// references may read (empty: any bucket the credentials can read)
     s3_buckets: list[str] = Field(default_factory=list)

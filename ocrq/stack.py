@@ -8,6 +8,7 @@ URL, it is used as is (and left running by ``down``).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -97,8 +98,12 @@ def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -
 
 
 class Stack:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, allow: Sequence[Path] = ()) -> None:
         self.settings = settings
+        # the worker's roots, absolute (it runs from wherever `ocrq up` ran): the configured
+        # roots, else this directory, plus --allow; producers read them from the worker's state
+        base = list(settings.limits.allowed_roots) or [Path.cwd()]
+        self.roots = list(dict.fromkeys(str(Path(r).resolve()) for r in [*base, *allow]))
         self.var = settings.var_dir.resolve()
         self.run_dir = self.var / "run"
         self.log_dir = self.var / "log"
@@ -132,7 +137,8 @@ class Stack:
             status["redis"] = f"using {url}"
         else:
             status["redis"] = self._start_redis(url)
-        env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var)}
+        env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var),
+               "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots)}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
         node = f"embedded@{socket.gethostname()}"
@@ -140,7 +146,11 @@ class Stack:
             # a state key left by a worker of the same name that died < 60 s ago is not readiness
             redis.Redis.from_url(url).delete(keys.worker_state(node))
             self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker", "--name", node], env)
-        status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
+            status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
+            status["roots"] = "local files under " + ", ".join(self.roots)
+        else:
+            status["worker"] = (f"already running, pid {self.pid('worker')} (its allowed roots are unchanged: "
+                                "`ocrq down` first to change them)")
         if self.settings.metrics_port:
             env["OCRQ_METRICS_PORT"] = str(self.settings.metrics_port)
             env["OCRQ_METRICS_ADDR"] = "127.0.0.1"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,8 @@ class ResultStore(Protocol):
     def get_json(self, path: str) -> Any | None: ...
 
     def list(self, prefix: str) -> Iterator[str]: ...
+
+    def put_file(self, path: str, local: Path, content_type: str) -> None: ...
 
     def delete(self, path: str) -> None: ...
 
@@ -82,19 +85,29 @@ class LocalStore:
         except OSError as exc:
             raise StorageUnavailable(f"local store read {path}: {exc}") from exc
 
-    def list(self, prefix: str) -> Iterator[str]:
-        base = self._path(prefix)
-        if not base.is_dir():
-            return
-        for p in sorted(base.rglob("*.json")):
-            yield str(p.relative_to(self.root))
-
+    def put_file(self, path: str, local: Path, content_type: str) -> None:
+        target = self._path(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            os.close(fd)
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
 
     def delete(self, path: str) -> None:
         try:
             self._path(path).unlink(missing_ok=True)
         except OSError as exc:
             raise StorageUnavailable(f"local store delete {path}: {exc}") from exc
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*.json")):
+            yield str(p.relative_to(self.root))
 
 
 class S3Store:
@@ -127,6 +140,26 @@ class S3Store:
                 return None
             raise err from exc
 
+    def put_file(self, path: str, local: Path, content_type: str) -> None:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:  # multipart above boto3's threshold: an export may be gigabytes
+            self.client.upload_file(str(local), self.bucket, self.prefix + path,
+                                    ExtraArgs={"ContentType": content_type})
+        except (BotoCoreError, ClientError) as exc:
+            raise s3_error(exc, f"{self.location}{path} (upload)") from exc
+        except (S3UploadFailedError, OSError) as exc:  # the transfer manager wraps the S3 answer
+            raise StorageUnavailable(f"S3 upload {self.location}{path}: {exc}") from exc
+
+    def delete(self, path: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + path)
+        except (BotoCoreError, ClientError) as exc:
+            raise s3_error(exc, f"{self.location}{path} (delete)") from exc
+
     def list(self, prefix: str) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -139,15 +172,6 @@ class S3Store:
                     yield item["Key"][len(self.prefix):]
         except (BotoCoreError, ClientError) as exc:
             raise s3_error(exc, f"{self.location}{prefix} (list)") from exc
-
-
-    def delete(self, path: str) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=self.prefix + path)
-        except (BotoCoreError, ClientError) as exc:
-            raise StorageUnavailable(f"S3 delete {self.location}{path}: {exc}") from exc
 
 
 def make_store(store: StoreSettings, s3_client: Any | None = None) -> ResultStore:

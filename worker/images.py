@@ -1,12 +1,14 @@
 """Fetched bytes -> upright RGB pages within the pixel cap, with typed errors.
 
-One page per frame (multi-page TIFF, animated GIF/WebP) up to ``max_pages``. EXIF orientation is
+The format is sniffed from the content (magic bytes), never from the name. PDFs are rendered page
+by page (``worker.documents``). One page per frame (multi-page TIFF, animated GIF/WebP) up to
+``max_pages``. EXIF orientation is
 applied; alpha is flattened on white; 16-bit and float images are scaled to 8 bits (not clipped);
 images above ``max_pixels`` are downscaled keeping their aspect and the scale is recorded, so
 engine coordinates map back with ``x / page.scale``.
 
 Errors: bytes that are not an image (or are truncated) -> ``BadImage``; a container we do not
-accept (PDF, PostScript/EPS, SVG/XML, HEIC, or a Pillow format outside ``ACCEPTED_FORMATS``) ->
+accept (PostScript/EPS, SVG/XML, HEIC, or a Pillow format outside ``ACCEPTED_FORMATS``) ->
 ``UnsupportedFormat``; a frame above ``bomb_pixels`` -> ``TooLarge`` (checked from the header,
 before any pixel is decoded).
 """
@@ -27,10 +29,11 @@ from ocrq.settings import LimitSettings
 #: Pillow formats we decode; anything else Pillow recognises is refused (smaller attack surface)
 ACCEPTED_FORMATS = frozenset({
     "JPEG", "MPO", "PNG", "TIFF", "BMP", "DIB", "GIF", "WEBP", "PPM", "JPEG2000", "AVIF",
+    "TGA", "ICO", "QOI", "PCX",
 })
 #: MPO's extra frames are stereo pairs or previews of the same photo, not pages
 _SINGLE_FRAME = frozenset({"MPO"})
-_REFUSED_MAGIC = ((b"%PDF", "PDF"), (b"%!PS", "PostScript/EPS"), (b"\xc5\xd0\xd3\xc6", "EPS"))
+_REFUSED_MAGIC = ((b"%!PS", "PostScript/EPS"), (b"\xc5\xd0\xd3\xc6", "EPS"))
 _HEIC_BRANDS = (b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis")
 _ORIENTATION = 0x0112
 _SIXTEEN_BIT = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -54,6 +57,8 @@ class Page:
     scale: float
     #: frames in the file; more than the pages returned when ``max_pages`` cut it short
     frame_count: int = 1
+    #: sha256 of the rendered page when the page, not the file, is the unit of caching (PDF pages)
+    digest: str | None = None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -64,6 +69,10 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
     """Decode every frame (up to ``limits.max_pages``) into an upright RGB ``Page``."""
     if not data:
         raise BadImage("empty image bytes")
+    from worker.documents import decode_pdf, is_pdf  # documents imports Page from here
+
+    if is_pdf(data):
+        return decode_pdf(data, limits)
     _refuse_known_unsupported(data)
     _raise_pillow_guard(limits.bomb_pixels)
     try:
@@ -82,6 +91,8 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
         raise TooLarge(f"decompression bomb refused: {exc}") from exc
     except (OcrqError, MemoryError):
         raise
+    except Image.UnidentifiedImageError as exc:  # no accepted format's signature: text, archives...
+        raise BadImage(f"not an image or a PDF: no known format in its first bytes {data[:16]!r}") from exc
     except Exception as exc:  # Pillow raises many types on corrupt input; all mean "not an image"
         raise BadImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
 
@@ -89,7 +100,7 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
 def _refuse_known_unsupported(data: bytes) -> None:
     for magic, name in _REFUSED_MAGIC:
         if data.startswith(magic):
-            raise UnsupportedFormat(f"{name} documents are not accepted (rasterise pages first)")
+            raise UnsupportedFormat(f"{name} documents are not accepted (convert them to PDF or images)")
     if data[4:8] == b"ftyp" and data[8:12] in _HEIC_BRANDS:
         raise UnsupportedFormat("HEIC images are not accepted")
     head = data[:1024].lstrip(b"\xef\xbb\xbf \t\r\n").lower()

@@ -22,6 +22,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ocrq import keys
+from ocrq.refs import effective_roots
 
 log = logging.getLogger("ocrq.prefetch")
 
@@ -69,6 +70,9 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
             try:
                 st = dict(ctx.loop.state())
                 st["prefetch"] = prefetch
+                # producers check local refs against these before publishing (ocrq.intake)
+                st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
+                st["store"] = ctx.store.location  # and read results from where workers write them
                 key = keys.worker_state(self.hostname)
                 ctx.redis.set(key, json.dumps(st, default=str), ex=60)
                 ctx.save_governor()

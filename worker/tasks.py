@@ -1,6 +1,7 @@
 """The chunk task: the life of a message, top to bottom.
 
     fetch → validate (decode) → cache check → plan batch + infer (engine loop) → store → ack
+    (→ the job's export, by whichever chunk finishes the job: ``finish_job``, ocrq.export)
 
 ``process_chunk`` makes ONE attempt at every image of a chunk and reports per image; the retry
 policy (worker.retry) decides what goes back to the broker. Results are written to the store and
@@ -22,8 +23,9 @@ from celery.exceptions import Reject, Retry
 
 from ocrq import keys
 from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.export import export_job, request_export
 from ocrq.fetch import fetch
-from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
+from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
@@ -34,11 +36,23 @@ log = logging.getLogger("ocrq.task")
 
 
 @dataclass
+class Unit:
+    """What one cache entry covers: a whole image file (all its frames), or one PDF page."""
+
+    cache_key: str
+    pages: list[Page]
+
+
+@dataclass
 class Prepared:
     item: Item
     sha256: str
-    pages: list[Page]
-    cache_key: str
+    units: list[Unit]
+
+    @property
+    def cache_key(self) -> str | None:
+        """The file's cache key (None for a PDF: each page has its own, in its output's meta)."""
+        return self.units[0].cache_key if len(self.units) == 1 and self.units[0].pages[0].digest is None else None
 
 
 #: failed images named one by one in a chunk's result (Flower's task page); the rest are counted
@@ -84,7 +98,13 @@ def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
     pages = decode(data, ctx.settings.limits)
     sha = sha256_hex(data)
-    return Prepared(item, sha, pages, keys.cache_key(sha, ctx.engine.revision, chunk.task, chunk.params))
+
+    def key(content: str) -> str:
+        return keys.cache_key(content, ctx.engine.revision, chunk.task, chunk.params)
+
+    if all(pg.digest for pg in pages):  # PDF pages: cached page by page, by their pixels
+        return Prepared(item, sha, [Unit(key(pg.digest or ""), [pg]) for pg in pages])
+    return Prepared(item, sha, [Unit(key(sha), pages)])
 
 
 def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:  # noqa: C901
@@ -103,43 +123,47 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             errors[item_id] = classify(exc)
     log.info("→ fetch %s ok=%d bad=%d %.2fs", tag, len(prepared), len(errors), time.monotonic() - t0)
 
-    # 3. cache check: one MGET for the chunk; hits never reach the engine
-    hits = ctx.cache.get_many([p.cache_key for p in prepared.values()])
-    n_hits = sum(p.cache_key in hits for p in prepared.values())
-    ctx.metrics.observe_cache(n_hits, len(prepared) - n_hits)
-    log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(prepared) - n_hits)
+    # 3. cache check: one MGET for the chunk (files, and PDF pages one by one); hits never reach the engine
+    units = [(item_id, n, unit) for item_id, prep in prepared.items() for n, unit in enumerate(prep.units)]
+    hits = ctx.cache.get_many([unit.cache_key for _, _, unit in units])
+    n_hits = sum(unit.cache_key in hits for _, _, unit in units)
+    ctx.metrics.observe_cache(n_hits, len(units) - n_hits)
+    log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
 
     # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
     t1 = time.monotonic()
-    pending: dict[str, list[Future[OcrOutput]]] = {}
-    shared: set[str] = set()  # same bytes already in flight: the engine runs once, this one is a hit
-    for item_id, prep in prepared.items():
-        if prep.cache_key not in hits:
-            subs = [ctx.submit_once(f"{prep.cache_key}#{pg.index}",
+    pending: dict[tuple[str, int], list[Future[OcrOutput]]] = {}
+    shared: set[tuple[str, int]] = set()  # same content already in flight: the engine runs once, this is a hit
+    for item_id, n, unit in units:
+        if unit.cache_key not in hits:
+            subs = [ctx.submit_once(f"{unit.cache_key}#{i}",
                                     OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
-                    for pg in prep.pages]
-            pending[item_id] = [f for f, _ in subs]
+                    for i, pg in enumerate(unit.pages)]
+            pending[(item_id, n)] = [f for f, _ in subs]
             if all(was_shared for _, was_shared in subs):
-                shared.add(item_id)
-    outputs: dict[str, list[OcrOutput]] = {}
+                shared.add((item_id, n))
+    computed: dict[tuple[str, int], list[OcrOutput]] = {}
     # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
     # an image still in the engine then is retried (its retry joins the same in-flight future)
     deadline = t0 + ctx.settings.queue.time_limit
-    for item_id, page_futures in pending.items():
+    for (item_id, n), page_futures in pending.items():
+        if item_id in errors:  # another page of this document already failed
+            continue
         try:
-            outputs[item_id] = [
-                f.result(timeout=max(0.0, deadline - time.monotonic())).model_copy(update={"page": pg.index})
-                for f, pg in zip(page_futures, prepared[item_id].pages, strict=True)
-            ]
+            computed[(item_id, n)] = [f.result(timeout=max(0.0, deadline - time.monotonic()))
+                                      for f in page_futures]
         except FutureTimeout:
             errors[item_id] = EngineTimeout(f"no engine result within {ctx.settings.queue.time_limit}s")
         except Exception as exc:
             errors[item_id] = classify(exc)
-    log.info("→ infer %s images=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
+    log.info("→ infer %s units=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
              time.monotonic() - t1)
 
     # 5. store: cache entries (durable + hot), one result document per image, then the job index
-    fresh = {prepared[i].cache_key: outs for i, outs in outputs.items() if i not in shared}
+    # (pages computed for a document whose other page failed are cached too: its retry hits them)
+    fresh = {prepared[i].units[n].cache_key: [o.model_copy(update={"page": pg.index}) for o, pg in
+                                              zip(outs, prepared[i].units[n].pages, strict=True)]
+             for (i, n), outs in computed.items() if (i, n) not in shared}
     ctx.cache.put_many(fresh)
     report = ChunkReport()
     records: list[ImageRecord] = []
@@ -152,8 +176,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
                 docs.append(ImageResult(record=rec))
         else:
             assert got is not None
-            outs = hits[got.cache_key] if got.cache_key in hits else outputs[item.id]
-            cached = got.cache_key in hits or item.id in shared
+            outs, cached = _assemble(item.id, got, hits, computed, shared)
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
                           worker=worker)
             if not cached:
@@ -203,12 +226,31 @@ def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
         report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
 
 
+def _assemble(item_id: str, prep: Prepared, hits: dict[str, list[OcrOutput]],
+              computed: dict[tuple[str, int], list[OcrOutput]],
+              shared: set[tuple[str, int]]) -> tuple[list[OcrOutput], bool]:
+    """An image's outputs in page order, and whether none of them ran the engine for it."""
+    outs: list[OcrOutput] = []
+    cached = True
+    for n, unit in enumerate(prep.units):
+        if unit.cache_key in hits:
+            source = hits[unit.cache_key]
+        else:
+            source = computed[(item_id, n)]
+            cached = cached and (item_id, n) in shared
+        # a cached file entry may hold fewer frames than max_pages now allows: it is used as is
+        for out, pg in zip(source, unit.pages, strict=False):
+            meta = {**out.meta, "cache_key": unit.cache_key} if pg.digest else out.meta
+            outs.append(out.model_copy(update={"page": pg.index, "meta": meta}))
+    return outs, cached
+
+
 def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
             prep: Prepared | None = None, cached: bool = False, pages: int = 0,
             worker: str | None = None) -> ImageRecord:
     return ImageRecord(
         id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
-        cached=cached, pages=pages, worker=worker,
+        cached=cached, pages=pages, worker=worker, row=item.row,
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None,
     )
@@ -234,6 +276,13 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
+        if report.done or report.failed:  # this chunk may have finished the job: export it once
+            queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
+            try:
+                request_export(ctx.redis, ctx.index, chunk.job, lambda tid: app.send_task(
+                    FINISH_JOB_TASK, args=[chunk.job], task_id=tid, queue=queue), ctx.settings.redis.job_ttl)
+            except Exception:  # the results stand; `ocrq export JOB` writes the export later
+                log.exception("! could not publish the export of job=%s", chunk.job)
         if report.retry:
             retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
             try:
@@ -244,6 +293,20 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
                 # could not publish the retry (broker down): give the message back, lose nothing
                 raise Reject(f"retry publish failed: {exc}", requeue=True) from exc
         return report.summary()
+
+    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None)
+    def finish_job(self: Task, job: str) -> dict[str, Any]:
+        ctx = get_ctx()
+        try:
+            marker = export_job(ctx.index, ctx.store, job, ctx.fetch_pool)
+        except OcrqError as exc:
+            q = ctx.settings.queue
+            if exc.retryable and self.request.retries + 1 < q.max_attempts:
+                raise self.retry(countdown=backoff(self.request.retries, q.backoff_base, q.backoff_max)) from exc
+            ctx.redis.delete(keys.job_finishing(job))  # the next finishing chunk or `ocrq export` retries
+            raise
+        log.info("← export job=%s %s", job, marker)
+        return marker
 
     return ocr_chunk
 

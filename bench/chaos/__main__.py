@@ -159,6 +159,14 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
             pass
         time.sleep(1.0)
     wall = time.monotonic() - t0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the job's export (ocrq.finish_job) runs once it finished
+        try:
+            if job.export_marker() is not None:
+                break
+        except Exception:  # Redis or S3 may be down mid-fault
+            pass
+        time.sleep(1.0)
     stop.set()
     thread.join(120)
     time.sleep(2.0)  # the last acks land, and workers publish their state once more

@@ -1,6 +1,7 @@
 """The end-of-scenario check: every accepted image has exactly one final record (done, or failed
 with a permanent error), the counters equal the records, each result document is whole and
-agrees with its record, and nothing is left queued or unacked."""
+agrees with its record, the job's export (``_SUCCESS``) covers every image, and nothing is left
+queued or unacked."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[s
     for status in ("done", "failed", "queued", "running", "retrying"):
         if counts.get(status, 0) != tally.get(status, 0):
             out.problems.append(f"count {status}={counts.get(status, 0)} but {tally.get(status, 0)} records")
-    paths = Counter(p.rpartition("/")[2].removesuffix(".json") for p in store.list(keys.results_prefix(job)))
+    export = keys.export_prefix(job)  # the job's export files live beside its result documents
+    paths = Counter(p.rpartition("/")[2].removesuffix(".json") for p in store.list(keys.results_prefix(job))
+                    if not p.startswith(export))
     out.duplicated = sum(n - 1 for n in paths.values() if n > 1) + len(set(paths) - ids)
     for image_id in ids:
         rec = records.get(image_id)
@@ -67,8 +70,19 @@ def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[s
             continue
         if result.record.status != rec.status or (rec.status.value == "done" and not result.outputs):
             out.problems.append(f"{image_id}: document says {result.record.status}, index says {rec.status}")
+    out.problems += _export_problems(store, job, len(ids))
     unacked = int(redis.hlen("unacked"))
     queued = sum(int(redis.llen(k)) for k in redis.scan_iter(match=f"{queue}*", _type="list"))
     if unacked or queued:
         out.problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
     return out
+
+
+def _export_problems(store: ResultStore, job: str, images: int) -> list[str]:
+    """The finished job's export (ocrq.export): its ``_SUCCESS`` marker covers every image."""
+    marker = store.get_json(keys.export_object(job, keys.EXPORT_SUCCESS))
+    if marker is None:
+        return ["finished job without an export _SUCCESS marker"]
+    if marker.get("lines") != images:
+        return [f"export has {marker.get('lines')} lines for {images} images"]
+    return []

@@ -32,15 +32,25 @@ def _lines(out: str) -> list[dict]:
 
 def test_failed_filters_show_store_mirror_purge_and_reprocess(redis_url, redis_client, start_worker,
                                                               tmp_path: Path):
-    # Given a job on queue "side" at priority 7 with a broken image and a missing one
+    # Given a job on queue "side" at priority 7 with a broken image and one that vanishes after
+    # submit (a missing file is refused at submit; one deleted after the plan fails on the worker)
     src = tmp_path / "in"
     word_images(src, 2)
     (src / "broken.png").write_bytes(b"definitely not a png")
-    refs = [str(p) for p in sorted(src.iterdir())] + [str(tmp_path / "gone.png")]
+    gone = tmp_path / "gone.png"
+    refs = [str(p) for p in sorted(src.iterdir())] + [str(gone)]
     worker = start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], OCRQ_QUEUE__NAME="side"),
                           name="reg")
     client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
-    counts = client.submit(refs, job="reg", queue="side", priority=7).wait(timeout=120)
+
+    def submit() -> dict[str, int]:
+        gone.write_bytes((src / "img_000.png").read_bytes())
+        plan = client.plan(refs)
+        assert (plan.accepted, plan.refused) == (4, 0), plan.summary()
+        gone.unlink()
+        return client.submit(plan, job="reg", queue="side", priority=7).wait(timeout=120)
+
+    counts = submit()
     assert counts["failed"] == 2 and counts["done"] == 2, counts
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(tmp_path / "store")}
     env.pop("OCRQ_CONFIG", None)
@@ -49,7 +59,7 @@ def test_failed_filters_show_store_mirror_purge_and_reprocess(redis_url, redis_c
     every = _lines(_cli(env, "failed", "--job", "reg").stdout)
     assert sorted(Path(f["ref"]).name for f in every) == ["broken.png", "gone.png"]
     types = {Path(f["ref"]).name: f["error"]["type"] for f in every}
-    assert types["broken.png"] == "BadImage"
+    assert types == {"broken.png": "BadImage", "gone.png": "MissingObject"}
     only = _lines(_cli(env, "failed", "--error", "BadImage").stdout)
     assert [Path(f["ref"]).name for f in only] == ["broken.png"]
     assert _lines(_cli(env, "failed", "--since", "1h").stdout) == every
@@ -70,7 +80,7 @@ def test_failed_filters_show_store_mirror_purge_and_reprocess(redis_url, redis_c
     assert sorted(Path(f["ref"]).name for f in mirrored) == ["broken.png", "gone.png"]
 
     # Run the job again (same ids), then reprocess keeps its queue and priority
-    counts = client.submit(refs, job="reg", queue="side", priority=7).wait(timeout=120)
+    counts = submit()
     assert counts["failed"] == 2
     stop_group(worker, 30)  # nothing consumes "side" now: the re-published message stays visible
     dry = _cli(env, "reprocess", "--job", "reg", "--error", "BadImage", "--dry-run")

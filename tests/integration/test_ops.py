@@ -21,10 +21,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_reprocess_failed_after_fixing_the_input(redis_url, start_worker, tmp_path):
-    # Given a job where one ref was missing at first
+    # Given a job where one file was not yet readable at first (a half-written upload)
     src = tmp_path / "in"
     truth = word_images(src, 2)
     late = src / "late.png"
+    late.write_bytes(b"\x89PNG\r\n\x1a\n")
     refs = [str(p) for p in truth] + [str(late)]
     start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path]))
     client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))

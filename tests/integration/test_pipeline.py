@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ocrq import keys
-from producer.client import Client
+from ocrq.results import ImageRecord, ImageStatus
+from producer.client import Client, SubmissionRefused
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env
 
@@ -90,7 +91,7 @@ def test_resubmit_is_idempotent_and_second_job_hits_cache(redis_url, redis_clien
     assert texts_a == texts_b and len(truth) == 6
 
 
-def test_refused_and_missing_refs_fail_typed(redis_url, start_worker, tmp_path):
+def test_refused_and_missing_refs_are_refused_at_submit(redis_url, redis_client, start_worker, tmp_path):
     src = tmp_path / "in"
     word_images(src, 1)
     store = tmp_path / "store"
@@ -99,19 +100,28 @@ def test_refused_and_missing_refs_fail_typed(redis_url, start_worker, tmp_path):
     outside = tmp_path / "outside.png"
     shutil.copyfile(src / "img_000.png", outside)
     refs = [str(src / "img_000.png"), str(src / "nope.png"), str(outside), "ftp://example.com/a.png"]
-    job = client.submit(refs, job="typed")
-    counts = job.wait(timeout=300)
-    assert counts["total"] == 4 and counts["done"] == 1 and counts["failed"] == 3
+    with pytest.raises(SubmissionRefused) as info:
+        client.submit(refs, job="typed")
+    plan = info.value.plan
+    assert (plan.accepted, plan.refused) == (1, 3)
+    reasons = [e.reason for e in plan.refused_sample]
+    assert reasons[0] == f"no such file: {src / 'nope.png'}"
+    assert "outside allowed roots" in reasons[1] and "scheme 'ftp'" in reasons[2]
+    assert not redis_client.exists(keys.job("typed")) and redis_client.llen("ocrq") == 0  # nothing published
 
-    def find(raw: str):
-        # refused refs are recorded as "invalid:<reason naming the raw ref>"
-        return next(r.record for r in job.results() if r.record.ref == raw or raw in r.record.ref)
+    # the worker is still the boundary: a message naming a missing or outside file fails typed
+    from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
 
-    assert find(str(src / "img_000.png")).status.value == "done"
-    assert find(str(src / "nope.png")).error.type == "MissingObject"
-    assert find(str(outside)).error.type == "RefusedRef"
-    assert find("ftp://example.com/a.png").error.type == "RefusedRef"
-    assert all(r.record.attempts == 1 for r in job.results())
+    items = [Item(id=keys.image_id("raw", r), ref=r) for r in (str(src / "nope.png"), str(outside))]
+    client.index.create("raw", {"task": "text", "params": {}})
+    client.index.record([ImageRecord(id=it.id, job="raw", ref=it.ref, status=ImageStatus.queued) for it in items],
+                        mode="submit")
+    client.app.send_task(OCR_CHUNK_TASK, args=[Chunk(job="raw", items=items).to_message()], queue="ocrq")
+    job = client.job("raw")
+    assert job.wait(timeout=300)["failed"] == 2
+    errors = {r.record.ref: r.record.error for r in job.results()}
+    assert errors[str(src / "nope.png")].type == "MissingObject"
+    assert errors[str(outside)].type == "RefusedRef"
 
 
 def test_s3_prefix_in_results_to_s3(redis_url, start_worker, tmp_path, s3_endpoint, s3_bucket):
@@ -137,8 +147,9 @@ def test_s3_prefix_in_results_to_s3(redis_url, start_worker, tmp_path, s3_endpoi
     results = {r.record.ref.rsplit("/", 1)[-1]: r for r in job.results()}
     for path, words in truth.items():
         assert all(w in results[path.name].text.lower() for w in words), results[path.name].text
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix="out/results/s3job/")
-    assert listed["KeyCount"] == 5
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="out/results/s3job/", Delimiter="/")
+    assert listed["KeyCount"] == 6  # 5 result documents + the export/ "folder" (written at completion)
+    assert [p["Prefix"] for p in listed["CommonPrefixes"]] == ["out/results/s3job/export/"]
     cached = s3.list_objects_v2(Bucket=bucket, Prefix="out/cache/")
     assert cached["KeyCount"] == 5
     doc = json.loads(s3.get_object(Bucket=bucket, Key=listed["Contents"][0]["Key"])["Body"].read())

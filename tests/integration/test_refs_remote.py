@@ -16,7 +16,7 @@ from botocore.config import Config
 
 from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable, TooLarge
 from ocrq.fetch import fetch
-from ocrq.refs import BAD_REF_PREFIX, expand
+from ocrq.refs import BAD_REF_PREFIX, expand, expand_entries
 from ocrq.settings import LimitSettings
 from tests.conftest import free_port
 
@@ -48,10 +48,16 @@ def test_s3_prefix_listing_paginates(s3_bucket: tuple[Any, str]) -> None:
     keys = [f"scan/{i:05d}.png" for i in range(1100)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
-    for other in ("scan/readme.txt", "scan/", "scanner/x.png", "other/y.png"):
+    for other in ("scan/readme.txt", "scan/", "scanner/x.png", "other/y.png", "scan/.cache/t.png",
+                  "scan/list.jsonl"):
         client.put_object(Bucket=bucket, Key=other, Body=b"x")
-    got = list(expand([f"s3://{bucket}/scan/"], LIMITS, client))
-    assert got == [f"s3://{bucket}/{k}" for k in keys]  # > 1000: a second page was read
+    entries = list(expand_entries([f"s3://{bucket}/scan/"], LIMITS, client))
+    # every object under the prefix, whatever its name (> 1000: a second page was read); the
+    # "scan/" folder marker is not an object; hidden keys and manifests are skipped, with reasons
+    assert [e.value for e in entries if e.kind == "ref"] == [f"s3://{bucket}/{k}" for k in keys + ["scan/readme.txt"]]
+    assert [(e.value, e.reason) for e in entries if e.kind == "skipped"] == [
+        (f"s3://{bucket}/scan/.cache/t.png", "hidden"),
+        (f"s3://{bucket}/scan/list.jsonl", "a manifest inside a prefix (pass it by name to expand it)")]
     with pytest.raises(MissingObject):
         list(expand(["s3://no-such-bucket-ocrq/scan/"], LIMITS, client))
 

@@ -21,6 +21,26 @@ def test_ids_are_deterministic_and_distinct():
     assert keys.image_id("j", "/a.png") != keys.image_id("j", "/b.png")
 
 
+def test_a_manifest_row_is_part_of_the_image_id_and_comes_back_in_the_result_line():
+    row = {"id": "doc-1", "metadata": {"k": [1, 2]}}
+    assert keys.image_id("j", "/a.png", None) == keys.image_id("j", "/a.png", {}) == keys.image_id("j", "/a.png")
+    assert keys.image_id("j", "/a.png", row) != keys.image_id("j", "/a.png")
+    assert keys.image_id("j", "/a.png", row) == keys.image_id("j", "/a.png", {"metadata": {"k": [1, 2]}, "id": "doc-1"})
+    rec = ImageRecord(id="i", job="j", ref="/a.pdf", status=ImageStatus.done, pages=2, row=row)
+    outs = [OcrOutput(text=f"page {n}", lines=[OcrLine(text=f"page {n}")], engine="e", model="m", page=n)
+            for n in (0, 1)]
+    line = ImageResult(record=rec, outputs=outs).to_line()
+    assert line["row"] == row and line["page_texts"] == ["page 0", "page 1"]
+    assert [ln["page"] for ln in line["lines"]] == [0, 1]
+    # the record round-trips through the job index's JSON with its row
+    assert ImageRecord.model_validate_json(rec.model_dump_json(exclude_none=True)).row == row
+
+
+def test_export_paths_live_under_the_results_prefix():
+    assert keys.export_object("j", keys.EXPORT_SUCCESS) == "results/j/export/_SUCCESS"
+    assert keys.export_object("j", keys.EXPORT_JSONL).startswith(keys.results_prefix("j"))
+
+
 def test_cache_key_covers_content_model_task_params():
     base = keys.cache_key("ab" * 32, "rapidocr-3.10", "text", {})
     assert base == keys.cache_key("ab" * 32, "rapidocr-3.10", "text", {})

@@ -12,7 +12,7 @@ import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
 from ocrq.fetch import fetch
-from ocrq.refs import BAD_REF_PREFIX, canonical, expand, parse
+from ocrq.refs import BAD_REF_PREFIX, canonical, expand, expand_entries, parse
 from ocrq.settings import LimitSettings
 
 
@@ -98,14 +98,47 @@ def test_schemes(limits: LimitSettings) -> None:
 
 # --- expansion ---------------------------------------------------------------------------------
 
-def test_directory_expands_recursively_sorted_by_extension(root: Path, limits: LimitSettings) -> None:
+def test_directory_expands_every_regular_file_and_accounts_for_the_rest(root: Path, limits: LimitSettings) -> None:
     for name in ("b.PNG", "a.jpg", "notes.txt", "sub/c.tiff", "sub/deeper/d.webp", ".hidden.png",
-                 "sub/e.gif", "z.bmp", "y.jpeg", "x.tif", "manifest.jsonl"):
+                 "sub/e.gif", "z.bmp", "y.jpeg", "x.tif", "manifest.jsonl", "scan.jp2", "noext",
+                 ".git/config", "sub/.DS_Store"):
         touch(root / name)
-    got = list(expand([str(root)], limits))
-    rel = [str(Path(p).relative_to(root)) for p in got]
-    assert rel == ["a.jpg", "b.PNG", "sub/c.tiff", "sub/deeper/d.webp", "sub/e.gif", "x.tif",
-                   "y.jpeg", "z.bmp"]
+    os.mkfifo(root / "pipe")
+    got = list(expand_entries([str(root)], limits))
+    rel = [(e.kind, str(Path(e.value).relative_to(root))) for e in got]
+    # every regular file, whatever its name, in name order, depth first; the worker sniffs content
+    assert [r for k, r in rel if k == "ref"] == [
+        "a.jpg", "b.PNG", "noext", "notes.txt", "scan.jp2", "sub/c.tiff", "sub/deeper/d.webp", "sub/e.gif",
+        "x.tif", "y.jpeg", "z.bmp"]
+    skipped = {r: e.reason for (k, r), e in zip(rel, got, strict=True) if k == "skipped"}
+    assert skipped.keys() == {".git", ".hidden.png", "manifest.jsonl", "pipe", "sub/.DS_Store"}
+    assert skipped[".git"] == "hidden" and "manifest" in skipped["manifest.jsonl"]
+    assert skipped["pipe"] == "not a regular file"
+    assert len(got) == 16  # nothing unaccounted: 11 refs + 5 skipped
+    # the string form (refs only) for callers that only want what to submit
+    assert len(list(expand([str(root)], limits))) == 11
+
+
+def test_manifest_rows_carry_their_extra_columns(root: Path, limits: LimitSettings) -> None:
+    touch(root / "a.png")
+    touch(root / "dir" / "b.png")
+    jsonl = touch(root / "m.jsonl", "\n".join([
+        json.dumps({"ref": "a.png", "id": "doc-1", "metadata": {"customer": 7, "tags": ["x"]}}),
+        json.dumps({"path": "dir", "id": "doc-2"}),  # a directory row: every file gets the row
+        json.dumps("a.png"),
+    ]).encode())
+    got = list(expand_entries([str(jsonl)], limits))
+    assert [(e.value, e.row) for e in got] == [
+        (str(root / "a.png"), {"id": "doc-1", "metadata": {"customer": 7, "tags": ["x"]}}),
+        (str(root / "dir" / "b.png"), {"id": "doc-2"}),
+        (str(root / "a.png"), None),
+    ]
+    csv_manifest = touch(root / "m.csv", b'id,path,metadata\n9,a.png,"{""k"": 1}"\n')
+    (entry,) = expand_entries([str(csv_manifest)], limits)
+    assert entry.row == {"id": "9", "metadata": '{"k": 1}'}  # CSV cells come back as the text they are
+    huge = touch(root / "big.jsonl", json.dumps({"ref": "a.png", "metadata": "x" * 20000}).encode())
+    (entry,) = expand_entries([str(huge)], limits)
+    assert entry.kind == "refused" and "extra columns" in entry.reason
 
 
 def test_directory_symlinks(root: Path, limits: LimitSettings) -> None:
