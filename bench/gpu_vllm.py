@@ -88,6 +88,21 @@ def _device_used_gb() -> float | None:
         return None
 
 
+class _PeakSampler(threading.Thread):
+    """The device's NVML 'used' bytes, sampled while a worker row runs (its engine is another process)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            used = _device_used_gb()
+            if used is not None:
+                self.peak = max(self.peak or 0.0, used)
+
+
 def _write(args: argparse.Namespace, row: dict[str, Any]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(row, indent=2))
@@ -205,6 +220,8 @@ def worker(args: argparse.Namespace) -> None:
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": "32", "OCRQ_METRICS_PORT": "0"}
     server = None
+    sampler = _PeakSampler()
+    sampler.start()
     if not cuda:  # CPU dry run: small KV, in-process core (as the vllm test tier)
         env.update({"OCRQ_ENGINE__DTYPE": "float32", "OCRQ_ENGINE__ENFORCE_EAGER": "true",
                     "VLLM_CPU_KVCACHE_SPACE": "1"})
@@ -249,6 +266,7 @@ def worker(args: argparse.Namespace) -> None:
             print(json.dumps(job), flush=True)
         stop(proc)
     finally:
+        sampler.stop.set()
         if server is not None:
             from worker.engines.vllm_launcher import stop_server
 
@@ -258,7 +276,7 @@ def worker(args: argparse.Namespace) -> None:
     state = second.get("worker_state", {})
     row.update(img_per_s=second["img_per_s"], failed=sum(j["failed"] for j in row["jobs"]),
                first_img_per_s=row["jobs"][0]["img_per_s"], preemptions=state.get("preemptions"),
-               peak_gb=_device_used_gb(), all_full_length=all(j["all_full_length"] for j in row["jobs"]),
+               peak_gb=sampler.peak, all_full_length=all(j["all_full_length"] for j in row["jobs"]),
                small_first_result_s=second.get("small", {}).get("first_s"),
                small_done_s=second.get("small", {}).get("done_s"))
     _write(args, row)
