@@ -33,6 +33,10 @@ class Chunk(BaseModel):
     task: str = "text"
     params: dict[str, Any] = Field(default_factory=dict)
     items: list[Item]
+    #: the job's broker priority (0 = most urgent, as Celery on Redis orders it): the engine loop
+    #: also runs a more urgent image first, so a small urgent job does not wait behind the images
+    #: a worker already holds for a bulk one
+    priority: int = 0
 
     def to_message(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -152,7 +152,7 @@ class Client:
                 offset += len(window)
                 for start in range(0, len(todo), size):
                     part = todo[start:start + size]
-                    chunk = Chunk(job=job, task=task, params=params, items=part)
+                    chunk = Chunk(job=job, task=task, params=params, items=part, priority=priority or 0)
                     self.app.send_task(
                         OCR_CHUNK_TASK, args=[chunk.to_message()],
                         task_id=keys.chunk_id(job, part[0].id, len(part)),
@@ -200,7 +200,8 @@ class Client:
                 items = [Item(id=r.id, ref=r.ref, row=r.row) for r in records]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
-                    chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part)
+                    chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
+                                  priority=meta.get("priority") or 0)
                     self.app.send_task(
                         OCR_CHUNK_TASK, args=[chunk.to_message()],
                         task_id=keys.chunk_id(j, part[0].id, len(part)) + "-r" + stamp,

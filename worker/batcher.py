@@ -159,6 +159,8 @@ class EngineLoop:
                     _settle(item.future, EngineCrashed("engine loop is stopping"))
                 return futures
             self._pending.extend(items)
+            # most urgent first, arrival order within a priority (a stable sort, linear when sorted)
+            self._pending.sort(key=lambda it: it.request.priority)
             self._cond.notify_all()
         return futures
 

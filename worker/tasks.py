@@ -137,7 +137,8 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     for item_id, n, unit in units:
         if unit.cache_key not in hits:
             subs = [ctx.submit_once(f"{unit.cache_key}#{i}",
-                                    OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
+                                    OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params,
+                                               priority=chunk.priority))
                     for i, pg in enumerate(unit.pages)]
             pending[(item_id, n)] = [f for f, _ in subs]
             if all(was_shared for _, was_shared in subs):

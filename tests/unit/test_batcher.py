@@ -475,6 +475,7 @@ class FakePagedEngine:
         self.running = 0
         self.most = 0
         self.sizes: list[int] = []
+        self.keys: list[list[str]] = []
         self._lock = threading.Lock()
 
     def cost(self, request: OcrRequest) -> ImageCost:
@@ -485,6 +486,7 @@ class FakePagedEngine:
             self.running += 1
             self.most = max(self.most, self.running)
             self.sizes.append(len(batch))
+            self.keys.append([r.key for r in batch])
         self.release.wait(10)
         with self._lock:
             self.running -= 1
@@ -522,3 +524,26 @@ def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list
     assert all(f.result(timeout=10).text == f"img-{i}" for i, f in enumerate(futures))
     shares = loop.state()
     assert shares["batches"] >= 5 and shares["inflight"] == 0
+
+
+def test_a_more_urgent_image_runs_before_older_bulk_ones(loops: list[EngineLoop]) -> None:
+    """A small urgent job behind a bulk one the worker already holds: its images go into the next
+    batch, ahead of the older bulk images (arrival order within a priority)."""
+    from worker.costs import ModelProfile
+
+    engine = FakePagedEngine()
+    engine.concurrent_batches = 1
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=4, mode="fixed", size=4)
+    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
+    loops.append(loop)
+    loop.start()
+    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(12)])
+    deadline = time.monotonic() + 5
+    while not engine.sizes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    engine.release.set()
+    assert [f.result(timeout=10).text for f in urgent] == ["urgent-0", "urgent-1"]
+    [f.result(timeout=10) for f in bulk]
+    assert engine.keys[1][:2] == ["urgent-0", "urgent-1"]  # the batch after the running one
+    assert engine.keys[1][2:] == ["bulk-4", "bulk-5"] and engine.keys[2] == [f"bulk-{i}" for i in range(6, 10)]

@@ -30,6 +30,8 @@ class OcrRequest:
     task: str = "text"
     #: task parameters (fields for extract, target language, max_new_tokens, ...)
     params: Mapping[str, Any] = field(default_factory=dict)
+    #: 0 = most urgent (the chunk's broker priority): the engine loop takes urgent images first
+    priority: int = 0
 
 
 @dataclass(frozen=True)
