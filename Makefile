@@ -70,7 +70,7 @@ down:
 # Two pytest processes: once vLLM has loaded a model in a process, plain transformers HunyuanVL
 # models cannot be built there any more (docs/gpu.md), so the vllm tier runs on its own.
 test: install-vllm check-ops
-	$(VENV)/bin/ruff check ocrq worker producer tests bench examples
+	$(VENV)/bin/ruff check ocrq ocrq_cli worker producer tests bench examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
@@ -95,13 +95,13 @@ test-vllm: install-vllm
 	$(PY) -m pytest tests -m vllm
 
 lint: install
-	$(VENV)/bin/ruff check ocrq worker producer tests bench examples
+	$(VENV)/bin/ruff check ocrq ocrq_cli worker producer tests bench examples
 
 typecheck: install
 	$(VENV)/bin/mypy
 
 format: install
-	$(VENV)/bin/ruff check --fix ocrq worker producer tests bench examples
+	$(VENV)/bin/ruff check --fix ocrq ocrq_cli worker producer tests bench examples
 
 clean:
 	-$(OCRQ) down

@@ -170,7 +170,7 @@ def run_governor(
 
     from ocrq.settings import BatchSettings
     from worker.batcher import EngineLoop
-    from worker.governor import Governor
+    from worker.context import governor_for
     from worker.nvml import NvmlProbe
 
     tracker = PeakTracker(engine)
@@ -179,7 +179,7 @@ def run_governor(
     tracker.peak = tracker.reserved = 0
     settings = BatchSettings(mode="auto", max_size=128, headroom=0.10, memory_cap_bytes=int(cap_gb * GIB))
     probe = NvmlProbe.for_current_device()
-    governor = Governor.from_settings(settings, tracker, probe)
+    governor = governor_for(settings, tracker, probe)
     if snapshot is not None:
         governor.restore(json.loads(json.dumps(snapshot)))  # as it travels through Redis
     loop = EngineLoop(tracker, governor, probe, linger_s=0.02, oom_retries=3)

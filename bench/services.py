@@ -40,7 +40,7 @@ def start_redis(port: int, data: Path) -> subprocess.Popen[bytes]:
 def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, timeout: float,
                  concurrency: int = 8) -> subprocess.Popen[bytes]:
     """``ocrq worker`` (threads pool) named ``{name}@host``, ready once it published its state."""
-    proc = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", str(concurrency),
+    proc = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "worker", "--concurrency", str(concurrency),
                              "--name", f"{name}@%h"], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     wait_worker_state(redis_url, f"{name}@{socket.gethostname()}", timeout, lambda: proc.poll() is None,

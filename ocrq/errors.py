@@ -23,7 +23,8 @@
                                ("after 4 attempts: EngineOOM: ...")
 
 Every error serialises to ``{"type": ClassName, "message": str, "retryable": bool}`` which is
-what a failed image records on its task.
+what a failed image records on its task. ``classify`` maps any exception into the tree;
+``is_oom`` recognises a device out-of-memory (ours or torch's) without importing torch.
 """
 
 from __future__ import annotations
@@ -138,3 +139,23 @@ def classify(exc: BaseException) -> OcrqError:
     if isinstance(exc, OcrqError):
         return exc
     return EngineCrashed(f"{type(exc).__name__}: {exc}")
+
+
+_OOM_MESSAGES = ("cuda out of memory", "cuda error: out of memory", "cublas_status_alloc_failed",
+                 "hip out of memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Device out-of-memory, from ocrq's type or torch's (by class name and message, so torch
+    need not be imported), also when wrapped with ``raise … from oom``."""
+    current: BaseException | None = exc
+    for _ in range(8):  # bounded: a cause chain can be cyclic
+        if current is None:
+            return False
+        if isinstance(current, EngineOOM) or type(current).__name__ == "OutOfMemoryError":
+            return True
+        message = str(current).lower()
+        if any(marker in message for marker in _OOM_MESSAGES):
+            return True
+        current = current.__cause__
+    return False

@@ -9,6 +9,7 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
                                             created                              job_ttl
     ocrq:job:{job}:images             HASH  image id -> ImageRecord JSON (compact) job_ttl
     ocrq:job:{job}:counts             HASH  status -> n (+ "cached"), kept exact by a Lua script
+                                                                                 job_ttl
     ocrq:job:{job}:finishing          STR   set (NX) by the worker that saw the job complete and
                                             published its export task; cleared when the job gets
                                             new work (submit, reprocess)                 job_ttl

@@ -8,6 +8,7 @@ fields are set from the environment with a double underscore, e.g. ``OCRQ_ENGINE
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,14 +195,22 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        profile = os.environ.get("OCRQ_CONFIG")
+        profile = _PROFILE.get() or os.environ.get("OCRQ_CONFIG")
         if profile:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=profile))
         return tuple(sources)
 
 
+#: the profile ``load_settings`` was given, for the settings source above: passed this way, not
+#: through ``os.environ``, so building settings never changes the process's environment
+_PROFILE: ContextVar[str | None] = ContextVar("ocrq_profile", default=None)
+
+
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build the process's settings; ``config`` names a YAML profile (else ``$OCRQ_CONFIG``)."""
-    if config is not None:
-        os.environ["OCRQ_CONFIG"] = str(config)
-    return Settings(**overrides)
+    """Build the process's settings; ``config`` names a YAML profile (else ``$OCRQ_CONFIG``).
+    The environment is left as it is."""
+    token = _PROFILE.set(str(config) if config is not None else None)
+    try:
+        return Settings(**overrides)
+    finally:
+        _PROFILE.reset(token)

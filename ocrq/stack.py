@@ -145,7 +145,7 @@ class Stack:
         if not self.pid("worker"):
             # a state key left by a worker of the same name that died < 60 s ago is not readiness
             redis.Redis.from_url(url).delete(keys.worker_state(node))
-            self._spawn("worker", [sys.executable, "-m", "ocrq.cli", "worker", "--name", node], env)
+            self._spawn("worker", [sys.executable, "-m", "ocrq_cli", "worker", "--name", node], env)
             status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
             status["roots"] = "local files under " + ", ".join(self.roots)
         else:

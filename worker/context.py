@@ -8,18 +8,23 @@ import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from ocrq import keys
 from ocrq.jobs import JobIndex
 from ocrq.results import OcrOutput
-from ocrq.settings import Settings
+from ocrq.settings import BatchSettings, Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
+from worker.costs import ModelProfile
 from worker.engines.base import Engine, OcrRequest
 from worker.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from worker.governor import Governor
+    from worker.nvml import MemoryProbe
 
 log = logging.getLogger("ocrq.worker")
 
@@ -79,7 +84,6 @@ class WorkerContext:
 def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
     from worker.batcher import EngineLoop
     from worker.engines import build_engine
-    from worker.governor import Governor
     from worker.nvml import NvmlProbe
 
     engine_settings = settings.engine
@@ -91,7 +95,7 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     engine.start()
     log.info("engine %s ready: revision %s", engine.name, engine.revision)
     probe = NvmlProbe.for_current_device()
-    governor = Governor.from_settings(settings.batch, engine, probe)
+    governor = governor_for(settings.batch, engine, probe)
     client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
     governor_key = restore_governor(governor, client, settings, engine.revision)
     metrics = WorkerMetrics()
@@ -113,6 +117,32 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
         cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
         governor_key=governor_key, metrics=metrics,
+    )
+
+
+def profile_of(engine: Engine) -> ModelProfile:
+    """The engine's ``memory_profile`` attribute; engines without one (CPU) get the nominal CPU
+    profile, which measured peaks then recalibrate if the engine reports any."""
+    profile = getattr(engine, "memory_profile", None)
+    if isinstance(profile, ModelProfile):
+        return profile
+    if getattr(engine, "name", "") not in ("rapidocr", "simulated"):
+        log.warning("engine %s has no memory_profile: the governor starts from CPU costs", engine.name)
+    return ModelProfile.cpu_default()
+
+
+def governor_for(batch: BatchSettings, engine: Engine, probe: MemoryProbe | None) -> Governor:
+    """The governor for an engine. Reading the engine's profile and what it may use (vLLM: its
+    gpu_memory_utilization share and the tokens its KV cache holds) is wiring, so the governor
+    itself sees plain numbers and knows no engine."""
+    from worker.governor import Governor
+
+    capacity = getattr(engine, "capacity_bytes", None)
+    tokens = getattr(engine, "kv_capacity_tokens", None)
+    return Governor.from_settings(
+        batch, profile_of(engine), probe,
+        engine_capacity=capacity if isinstance(capacity, int) else None,
+        token_capacity=tokens if isinstance(tokens, int) else None,
     )
 
 

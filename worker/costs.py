@@ -1,4 +1,5 @@
-"""What work costs: HunyuanOCR's image → vision-token rule, and a model's token → byte profile.
+"""What work costs: HunyuanOCR's image → vision-token rule, a model's token → byte profile, and
+the value types engines report and the governor plans with (``ImageCost``, ``MemorySample``).
 
 The governor sizes batches by tokens, not by image count, so the token rule must agree with the
 model's own processor (transformers ``HunYuanVLImageProcessor.smart_resize`` and the processor's
@@ -53,6 +54,33 @@ def hunyuan_vision_tokens(
     row of merged patches). 1024×768 → 794, 2048×1536 → 3122."""
     w_bar, h_bar = hunyuan_resize(width, height, min_pixels, max_pixels)
     return (h_bar // FACTOR) * (w_bar // FACTOR + 1) + _EXTRA_TOKENS
+
+
+@dataclass(frozen=True)
+class ImageCost:
+    """What one image costs an engine, in tokens; the governor turns it into bytes."""
+
+    vision_tokens: int
+    prompt_tokens: int
+    output_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.vision_tokens + self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """The engine's own accounting of device memory, in bytes (None where it has none)."""
+
+    allocated: int | None = None
+    reserved: int | None = None
+    #: peak allocated since the last ``reset_peak`` (what the governor calibrates against)
+    peak: int | None = None
+    #: for paged-KV engines (vLLM): fraction of the KV cache in use, requests waiting/preempted
+    kv_usage: float | None = None
+    waiting: int | None = None
+    preemptions: int | None = None
 
 
 #: CUDA context, cuBLAS/cuDNN workspaces: device memory that torch's peak counters never see

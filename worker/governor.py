@@ -31,8 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from worker.calibration import Calibrator
-from worker.costs import ModelProfile
-from worker.engines.base import Engine, ImageCost
+from worker.costs import ImageCost, ModelProfile
 from worker.packing import batch_tokens, pack
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Governor", "ModelProfile", "batch_tokens", "profile_of", "resolve_capacity"]
+__all__ = ["Governor", "ModelProfile", "batch_tokens", "resolve_capacity"]
 
 Mode = Literal["fixed", "auto"]
 
@@ -63,17 +62,6 @@ def resolve_capacity(
     if base is None:
         return cap
     return min(base, cap) if cap is not None else base
-
-
-def profile_of(engine: Engine) -> ModelProfile:
-    """The engine's ``memory_profile`` attribute; engines without one (CPU) get the nominal CPU
-    profile, which measured peaks then recalibrate if the engine reports any."""
-    profile = getattr(engine, "memory_profile", None)
-    if isinstance(profile, ModelProfile):
-        return profile
-    if getattr(engine, "name", "") not in ("rapidocr", "simulated"):
-        log.warning("engine %s has no memory_profile: the governor starts from CPU costs", engine.name)
-    return ModelProfile.cpu_default()
 
 
 class Governor:
@@ -150,23 +138,20 @@ class Governor:
     def from_settings(
         cls,
         settings: BatchSettings,
-        source: Engine | ModelProfile,
+        profile: ModelProfile,
         probe: MemoryProbe | None = None,
         *,
         capacity_bytes: int | None = None,
+        engine_capacity: int | None = None,
+        token_capacity: int | None = None,
     ) -> Governor:
-        """A governor for an engine (its ``memory_profile``) or a profile. Capacity: the argument,
-        else the engine's own ``capacity_bytes`` (vLLM: its gpu_memory_utilization share), else
-        the probe's device total; ``settings.memory_cap_bytes`` caps it."""
-        profile = source if isinstance(source, ModelProfile) else profile_of(source)
-        token_capacity = getattr(source, "kv_capacity_tokens", None)
+        """A governor for a model profile. Capacity: the argument, else what the engine may use
+        (``engine_capacity``, vLLM: its gpu_memory_utilization share), else the probe's device
+        total; ``settings.memory_cap_bytes`` caps it. Reading these off an engine is the wiring's
+        job (``worker.context.governor_for``): the governor sees numbers only."""
         if capacity_bytes is None:
             device = probe.read() if probe is not None else None
-            engine_capacity = getattr(source, "capacity_bytes", None)
-            capacity_bytes = resolve_capacity(
-                device.total if device is not None else None,
-                engine_capacity if isinstance(engine_capacity, int) else None,
-            )
+            capacity_bytes = resolve_capacity(device.total if device is not None else None, engine_capacity)
         return cls(
             profile,
             capacity_bytes=capacity_bytes,
@@ -175,7 +160,7 @@ class Governor:
             mode=settings.mode,
             size=settings.size,
             memory_cap_bytes=settings.memory_cap_bytes,
-            token_capacity=token_capacity if isinstance(token_capacity, int) else None,
+            token_capacity=token_capacity,
         )
 
     # ---- prediction -------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Device out-of-memory: recognising it without importing torch, and shrinking an image that
-does not fit alone (the engine loop's last resort before ``TooLargeForDevice``)."""
+"""Device out-of-memory: shrinking an image that does not fit alone (the engine loop's last
+resort before ``TooLargeForDevice``). Recognising an OOM is ``ocrq.errors.is_oom``, re-exported."""
 
 from __future__ import annotations
 
@@ -8,28 +8,11 @@ from dataclasses import replace
 
 from PIL import Image
 
-from ocrq.errors import EngineOOM
+from ocrq.errors import is_oom
 from ocrq.results import OcrOutput
 from worker.engines.base import ImageCost, OcrRequest
 
-_OOM_MESSAGES = ("cuda out of memory", "cuda error: out of memory", "cublas_status_alloc_failed",
-                 "hip out of memory")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Device out-of-memory, from ocrq's type or torch's (by class name and message, so torch
-    need not be imported), also when wrapped with ``raise … from oom``."""
-    current: BaseException | None = exc
-    for _ in range(8):  # bounded: a cause chain can be cyclic
-        if current is None:
-            return False
-        if isinstance(current, EngineOOM) or type(current).__name__ == "OutOfMemoryError":
-            return True
-        message = str(current).lower()
-        if any(marker in message for marker in _OOM_MESSAGES):
-            return True
-        current = current.__cause__
-    return False
+__all__ = ["downscale_for_memory", "is_oom", "restore_scale"]
 
 
 def downscale_for_memory(

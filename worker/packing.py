@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.engines.base import ImageCost
+from worker.costs import ImageCost
 
 
 def batch_tokens(costs: Sequence[ImageCost], padded: bool) -> int:

@@ -135,7 +135,7 @@ class Workers:
     def start(self, name: str) -> None:
         log = self.logs / f"worker-{name}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", str(self.concurrency), "--name",
+            [sys.executable, "-m", "ocrq_cli", "worker", "--concurrency", str(self.concurrency), "--name",
              f"{name}@%h"], env=self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         self.procs[name] = proc

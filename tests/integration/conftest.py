@@ -45,7 +45,7 @@ def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[
     def start(env: dict[str, str], name: str = "w1") -> subprocess.Popen[bytes]:
         log = tmp_path / f"worker-{name}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ocrq.cli", "worker", "--concurrency", env.get("TEST_CONCURRENCY", "2"),
+            [sys.executable, "-m", "ocrq_cli", "worker", "--concurrency", env.get("TEST_CONCURRENCY", "2"),
              "--name", f"{name}@%h"],
             env={**env, "OCRQ_TEST_WORKER_NAME": name}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
             start_new_session=True,

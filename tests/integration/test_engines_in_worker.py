@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
-    done = subprocess.run([sys.executable, "-m", "ocrq.cli", "model", "make-random", "--size", "tiny",
+    done = subprocess.run([sys.executable, "-m", "ocrq_cli", "model", "make-random", "--size", "tiny",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()

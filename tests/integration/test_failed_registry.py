@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ocrq.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ocrq_cli", *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
 

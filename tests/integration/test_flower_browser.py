@@ -65,7 +65,7 @@ def test_ops_read_broker_workers_and_tasks_in_a_browser(redis_url, start_worker,
     env = {**worker_env(redis_url, tmp_path / "store", [tmp_path]), "OCRQ_FLOWER_PORT": str(port),
            "OCRQ_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}", "OCRQ_VAR_DIR": str(tmp_path / "var")}
     log = (tmp_path / "flower.log").open("wb")
-    flower = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "flower", "--address", "127.0.0.1"],
+    flower = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "flower", "--address", "127.0.0.1"],
                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 60

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 def ocrq(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     # a wide terminal: rich wraps long paths otherwise
-    return subprocess.run([sys.executable, "-m", "ocrq.cli", *args], env={**env, "COLUMNS": "400"}, cwd=cwd, text=True,
+    return subprocess.run([sys.executable, "-m", "ocrq_cli", *args], env={**env, "COLUMNS": "400"}, cwd=cwd, text=True,
                           capture_output=True, timeout=timeout)
 
 

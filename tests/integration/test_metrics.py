@@ -35,7 +35,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 def test_queue_depth_jobs_and_worker_state(redis_url, redis_client, start_worker, tmp_path):
     port = free_port()
-    exporter = subprocess.Popen([sys.executable, "-m", "ocrq.cli", "metrics", "--port", str(port)],
+    exporter = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "metrics", "--port", str(port)],
                                 env={**os.environ, "OCRQ_REDIS__URL": redis_url}, stderr=subprocess.DEVNULL)
     try:
         # Given 3 chunks queued and no worker yet: the queue depth says so

@@ -36,7 +36,7 @@ def test_reprocess_failed_after_fixing_the_input(redis_url, start_worker, tmp_pa
     late.write_bytes(next(iter(truth)).read_bytes())
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(tmp_path / "store"),
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(tmp_path)])}
-    out = subprocess.run([sys.executable, "-m", "ocrq.cli", "reprocess", "--job", "fixme"],
+    out = subprocess.run([sys.executable, "-m", "ocrq_cli", "reprocess", "--job", "fixme"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "re-published 1" in out.stderr

@@ -139,7 +139,7 @@ def test_dashboard_and_alerts_have_data(redis_url, start_worker, tmp_path):
         env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_GPU_HOUR_USD": "3.6"}
         costs = {}
         for job in ("prom-a", "prom-b"):
-            out = subprocess.run([sys.executable, "-m", "ocrq.cli", "status", job], env=env, capture_output=True,
+            out = subprocess.run([sys.executable, "-m", "ocrq_cli", "status", job], env=env, capture_output=True,
                                  text=True, timeout=60)
             assert out.returncode == 0, out.stderr
             assert "GPU-s" in out.stderr and "per 1,000 images at $3.60/GPU-h" in out.stderr

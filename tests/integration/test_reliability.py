@@ -200,12 +200,12 @@ def test_a_restarted_worker_continues_from_what_its_governor_learned(redis_url, 
     assert state["restored_observations"] == learned and state["observations"] == learned
     # and ops can list the snapshot and make the next start cold
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url}
-    listed = subprocess.run([sys.executable, "-m", "ocrq.cli", "governor"], env=env, capture_output=True,
+    listed = subprocess.run([sys.executable, "-m", "ocrq_cli", "governor"], env=env, capture_output=True,
                             text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     row = json.loads(listed.stdout.splitlines()[0])
     assert row["key"] == found[0].decode() and row["observations"] >= learned and row["ttl_s"] > 0
-    reset = subprocess.run([sys.executable, "-m", "ocrq.cli", "governor", "--reset"], env=env,
+    reset = subprocess.run([sys.executable, "-m", "ocrq_cli", "governor", "--reset"], env=env,
                            capture_output=True, text=True, timeout=60)
     assert reset.returncode == 0 and "deleted 1" in reset.stdout + reset.stderr, reset.stderr
     assert not list(redis_client.scan_iter(keys.governor_profile("*")))

@@ -24,6 +24,7 @@ from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, EngineSettings
 from tests.fakes.fake_nvml import FakeNvml
 from worker.batcher import EngineLoop, downscale_for_memory, is_oom
+from worker.context import governor_for
 from worker.engines.base import ImageCost, OcrRequest
 from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
 from worker.governor import Governor
@@ -357,7 +358,7 @@ def test_the_worker_wiring_runs_the_simulated_engine(loops: list[EngineLoop]) ->
     # what worker.context builds: settings → engine → governor from the engine and the probe
     extra = {"capacity_bytes": 8e9, "transient_ooms": 1}
     engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=64, extra=extra))
-    governor = Governor.from_settings(BatchSettings(mode="auto"), engine, NvmlProbe.for_current_device({}))
+    governor = governor_for(BatchSettings(mode="auto"), engine, NvmlProbe.for_current_device({}))
     assert governor.capacity == 8 * 10**9 and engine.output_tokens == 64
     loop = EngineLoop(engine, governor, None, linger_s=0.05, oom_retries=3, oom_backoff_s=0)
     loops.append(loop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -99,6 +100,15 @@ def test_settings_env_and_yaml(tmp_path, monkeypatch):
     monkeypatch.delenv("OCRQ_CONFIG")
     monkeypatch.delenv("OCRQ_QUEUE__CHUNK_SIZE")
     assert load_settings().engine.kind == "rapidocr"
+
+
+def test_load_settings_with_a_profile_leaves_the_environment_alone(tmp_path, monkeypatch):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("queue:\n  chunk_size: 8\n")
+    monkeypatch.delenv("OCRQ_CONFIG", raising=False)
+    assert load_settings(profile).queue.chunk_size == 8
+    assert "OCRQ_CONFIG" not in os.environ
+    assert load_settings().queue.chunk_size != 8  # the profile applied to that one call only
 
 
 def test_settings_reject_bad_values(monkeypatch):

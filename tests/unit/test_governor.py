@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ocrq.settings import BatchSettings
 from tests.fakes.fake_nvml import FakeNvml
+from worker.context import governor_for
 from worker.costs import ModelProfile
 from worker.engines.base import ImageCost
 from worker.engines.simulated import SimulatedEngine
@@ -361,7 +362,9 @@ def test_state_reports_prediction_against_measurement() -> None:
 def test_from_settings_takes_capacity_from_engine_or_probe() -> None:
     batch = BatchSettings(mode="auto", max_size=32, headroom=0.2)
     engine = SimulatedEngine(capacity_bytes=16 * GB)
-    assert Governor.from_settings(batch, engine, FakeNvml(total=80 * GB)).capacity == 16 * GB
+    # the wiring reads the engine's figures; the governor gets numbers
+    assert governor_for(batch, engine, FakeNvml(total=80 * GB)).capacity == 16 * GB
+    assert Governor.from_settings(batch, PROFILE, FakeNvml(total=80 * GB), engine_capacity=16 * GB).capacity == 16 * GB
     gov = Governor.from_settings(batch, PROFILE, FakeNvml(total=80 * GB))
     assert gov.capacity == 80 * GB and gov.budget == 64 * GB and gov.max_size == 32
     capped = BatchSettings(mode="auto", memory_cap_bytes=40 * GB)

@@ -18,6 +18,9 @@ from PIL import Image
 
 from ocrq.errors import OcrqError
 from ocrq.results import OcrOutput
+from worker.costs import ImageCost, MemorySample
+
+__all__ = ["Engine", "ImageCost", "MemorySample", "OcrRequest"]
 
 
 @dataclass(frozen=True)
@@ -32,33 +35,6 @@ class OcrRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
     #: 0 = most urgent (the chunk's broker priority): the engine loop takes urgent images first
     priority: int = 0
-
-
-@dataclass(frozen=True)
-class ImageCost:
-    """What one image costs an engine, in tokens; the governor turns it into bytes."""
-
-    vision_tokens: int
-    prompt_tokens: int
-    output_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.vision_tokens + self.prompt_tokens + self.output_tokens
-
-
-@dataclass(frozen=True)
-class MemorySample:
-    """The engine's own accounting of device memory, in bytes (None where it has none)."""
-
-    allocated: int | None = None
-    reserved: int | None = None
-    #: peak allocated since the last ``reset_peak`` (what the governor calibrates against)
-    peak: int | None = None
-    #: for paged-KV engines (vLLM): fraction of the KV cache in use, requests waiting/preempted
-    kv_usage: float | None = None
-    waiting: int | None = None
-    preemptions: int | None = None
 
 
 @runtime_checkable

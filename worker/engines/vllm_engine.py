@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocrq.errors import BadRequest, EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice
+from ocrq.errors import BadRequest, EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
-from worker.batcher import is_oom
 from worker.costs import ModelProfile
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest

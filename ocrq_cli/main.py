@@ -28,9 +28,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ocrq.cli_failed import failed_app
 from ocrq.errors import OcrqError
 from ocrq.settings import Settings, load_settings
+from ocrq_cli.failed import failed_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-queue fleet.")
 model_app = typer.Typer(no_args_is_help=True, help="Model checkpoints.")

@@ -1,0 +1,3 @@
+from ocrq_cli.main import main
+
+main()

@@ -1,0 +1,55 @@
+"""The Redis keys and store paths documented in docs/ARCHITECTURE.md and in ocrq/keys.py's
+docstring are the ones ocrq/keys.py builds: no more, no fewer (placeholders compared as ``{}``)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from ocrq import keys
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _norm(template: str) -> str:
+    return re.sub(r"\{[^}]*\}", "{}", template.removeprefix("{prefix}"))
+
+
+def built_redis_keys() -> set[str]:
+    """Every ``ocrq:`` key the module builds: its constants and one-argument key functions."""
+    found = {v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str) and v.startswith(keys.PREFIX)}
+    for _, fn in inspect.getmembers(keys, inspect.isfunction):
+        params = list(inspect.signature(fn).parameters.values())
+        if fn.__module__ == keys.__name__ and len(params) == 1 and params[0].annotation == "str":
+            value = fn("{x}")
+            if isinstance(value, str) and value.startswith(keys.PREFIX):
+                found.add(value)
+    return {_norm(k) for k in found - {keys.PREFIX}}
+
+
+def built_store_paths() -> set[str]:
+    paths = {keys.cache_object("{}"), keys.result_object("{}", "{}"), keys.failed_object("{}", "{}")}
+    paths |= {keys.export_object("{}", n) for n in (keys.EXPORT_JSONL, keys.EXPORT_PARQUET, keys.EXPORT_SUCCESS)}
+    return {_norm(p) for p in paths}
+
+
+def documented(text: str, pattern: str) -> set[str]:
+    return {_norm(m) for m in re.findall(pattern, text, flags=re.MULTILINE)}
+
+
+def test_architecture_key_table_matches_the_code() -> None:
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    assert documented(doc, r"^\| `(ocrq:[^`]+)`") == built_redis_keys()
+    assert documented(doc, r"^\| `(\{prefix\}[^`]+)`") == built_store_paths()
+
+
+def test_keys_docstring_matches_the_code() -> None:
+    doc = keys.__doc__ or ""
+    assert documented(doc, r"^ {4}(ocrq:(?:\{[^}]*\}|\S)+)") == built_redis_keys()
+    assert documented(doc, r"^ {4}(\{prefix\}(?:\{[^}]*\}|\S)+)") == built_store_paths()
+
+
+def test_the_comparison_sees_a_missing_key() -> None:
+    assert len(built_redis_keys()) >= 11 and "ocrq:job:{}:images" in built_redis_keys()
+    assert documented("| `ocrq:job:{job}` | HASH |\n", r"^\| `(ocrq:[^`]+)`") == {"ocrq:job:{}"}
