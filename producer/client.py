@@ -23,9 +23,11 @@ from typing import Any
 import redis
 
 from ocrq import keys
+from ocrq.errors import TooLarge
 from ocrq.jobs import JobIndex
-from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
+from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, message_bytes
 from ocrq.queue import make_celery
+from ocrq.redact import redact_url
 from ocrq.refs import expand
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
@@ -69,6 +71,10 @@ class Client:
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
         params = params or {}
+        params_size = message_bytes(params)
+        if params_size > self.settings.queue.max_message_bytes // 4:
+            raise TooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"
+                           f" ({self.settings.queue.max_message_bytes}): pass large inputs by reference")
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue or self.settings.queue.name,
                                 "priority": priority})
@@ -78,14 +84,16 @@ class Client:
         with self.app.producer_or_acquire() as producer:
             while window := list(islice(stream, _WINDOW)):
                 items = [Item(id=keys.image_id(job, r), ref=r) for r in dict.fromkeys(window)]
-                queued = [ImageRecord(id=it.id, job=job, ref=it.ref, status=ImageStatus.queued) for it in items]
+                queued = [ImageRecord(id=it.id, job=job, ref=redact_url(it.ref), status=ImageStatus.queued)
+                          for it in items]
                 todo = [it for it, need in zip(items, self.index.record(queued, mode="submit"), strict=True)
                         if need]
                 for start in range(0, len(todo), size):
                     part = todo[start:start + size]
                     chunk = Chunk(job=job, task=task, params=params, items=part)
+                    message = checked_message(chunk, self.settings.queue.max_message_bytes)
                     self.app.send_task(
-                        OCR_CHUNK_TASK, args=[chunk.to_message()],
+                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
                         task_id=keys.chunk_id(job, part[0].id, len(part)),
                         queue=queue or self.settings.queue.name, priority=priority, producer=producer,
                     )
@@ -115,8 +123,9 @@ class Client:
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part)
+                    message = chunk.to_message()
                     self.app.send_task(
-                        OCR_CHUNK_TASK, args=[chunk.to_message()],
+                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
                         task_id=keys.chunk_id(j, part[0].id, len(part)) + "-r" + stamp,
                         queue=meta.get("queue") or self.settings.queue.name, priority=meta.get("priority"),
                         producer=producer,
