@@ -10,6 +10,9 @@ exit status 1 on any lost, duplicated or untrue record.
     decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
             RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
             no worker process dies (worker.decode isolates decoding in child processes)
+    security  Redis with a password over TLS end to end, a pickle message, size caps, and a grep
+            for credentials and presigned signatures in logs, Redis, Flower and the results
+            (bench.chaos.security; 300 images in --quick)
 
 The full form (``make reliability``) runs 2,000 images per scenario with production reaper
 timings (dead_worker_s 60, reaper_interval_s 20); ``--quick`` (``make reliability-quick``, part
@@ -37,6 +40,7 @@ import boto3
 import redis
 
 from bench.chaos.poison import poison_special
+from bench.chaos.security import run_security
 from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
 from bench.chaos.verify import Outcome, verify
 from bench.services import free_port
@@ -195,6 +199,11 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def report(run: Run) -> None:
+    print(f"{run.name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
+          f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos")
     parser.add_argument("--quick", action="store_true")
@@ -238,10 +247,16 @@ def main(argv: list[str] | None = None) -> int:
             run = run_scenario(env, name, n, sim, fault, timeout_s=max(300.0, n * 0.5),
                                special=specials.get(name))
             runs.append(run)
-            print(f"{name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
-                  f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
+            report(run)
     finally:
         server.stop()
+    try:
+        if not args.only or "security" in args.only:
+            t0 = time.monotonic()
+            outcome, notes = run_security(root, images, moto_port, min(n, 300) if args.quick else n)
+            runs.append(run := Run("security", outcome, time.monotonic() - t0, notes))
+            report(run)
+    finally:
         moto.stop()
     print(table(runs))
     bad = [r for r in runs if not r.outcome.ok]
