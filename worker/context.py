@@ -18,6 +18,7 @@ from ocrq.results import OcrOutput
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
+from worker.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
 from worker.metrics import WorkerMetrics
 
@@ -36,6 +37,8 @@ class WorkerContext:
     loop: Any  # worker.batcher.EngineLoop
     fetch_pool: ThreadPoolExecutor
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    #: decodes fetched bytes into pages (worker.decode; None: in the calling thread)
+    decoder: Decoder | None = None
     #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
     governor_key: str | None = None
     _saved_observations: int = -1
@@ -74,6 +77,8 @@ class WorkerContext:
         self.loop.stop(timeout=30)
         self.engine.close()
         self.fetch_pool.shutdown(wait=False, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.close()
 
 
 def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
@@ -108,11 +113,12 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)
     pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
+    decoder = make_decoder(settings.limits)
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
         cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key, metrics=metrics,
+        governor_key=governor_key, metrics=metrics, decoder=decoder,
     )
 
 

@@ -22,10 +22,11 @@ from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 
 from ocrq import keys
-from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.errors import EngineTimeout, OcrqError, TooLarge, classify
 from ocrq.export import export_job, request_export
 from ocrq.fetch import fetch
-from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item
+from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, chunk_argsrepr, message_bytes
+from ocrq.redact import redact_url
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
@@ -71,7 +72,7 @@ class ChunkReport:
 
     def fail(self, item: Item, err: OcrqError) -> None:
         self.failed += 1
-        self.failures.append((item.ref, type(err).__name__, str(err)))
+        self.failures.append((redact_url(item.ref), type(err).__name__, err.to_dict()["message"]))
 
     def summary(self) -> dict[str, Any]:
         """The chunk task's result, as Flower's task list and task page show it: ``outcome``
@@ -96,7 +97,7 @@ class ChunkReport:
 
 def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
-    pages = decode(data, ctx.settings.limits)
+    pages = ctx.decoder.decode(data) if ctx.decoder else decode(data, ctx.settings.limits)
     sha = sha256_hex(data)
 
     def key(content: str) -> str:
@@ -249,7 +250,7 @@ def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | No
             prep: Prepared | None = None, cached: bool = False, pages: int = 0,
             worker: str | None = None) -> ImageRecord:
     return ImageRecord(
-        id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
+        id=item.id, job=chunk.job, ref=redact_url(item.ref), status=status, attempts=item.attempt,
         cached=cached, pages=pages, worker=worker, row=item.row,
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None,
@@ -272,7 +273,10 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     def ocr_chunk(self: Task, message: dict[str, Any]) -> dict[str, Any]:
         chunk = Chunk.model_validate(message)
         ctx = get_ctx()
+        size, cap = message_bytes(message), ctx.settings.queue.max_message_bytes
         try:
+            if size > cap:  # not from our producer (it refuses these): fail its images, typed
+                raise TooLarge(f"chunk message of {size} bytes exceeds queue.max_message_bytes ({cap})")
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
@@ -286,7 +290,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         if report.retry:
             retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
             try:
-                self.retry(args=(retry_msg,), countdown=report.countdown)  # raises Retry
+                self.retry(args=(retry_msg,), countdown=report.countdown,  # raises Retry
+                           argsrepr=chunk_argsrepr(retry_msg))
             except Retry:
                 raise
             except Exception as exc:
