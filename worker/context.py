@@ -106,7 +106,7 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
-        cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
+        cache=ResultCache(client, store, settings.redis.cache_ttl),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
         governor_key=governor_key, metrics=metrics,
     )

@@ -1,6 +1,6 @@
 """The chunk task: the life of a message, top to bottom.
 
-    fetch → validate (decode) → cache check → plan batch + infer (engine loop) → store → ack
+    fetch + hash → cache check → decode (misses only) → plan batch + infer (engine loop) → store → ack
 
 ``process_chunk`` makes ONE attempt at every image of a chunk and reports per image; the retry
 policy (worker.retry) decides what goes back to the broker. Results are written to the store and
@@ -27,6 +27,7 @@ from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
+from worker.fanout import fan_out
 from worker.images import Page, decode, sha256_hex
 from worker.retry import backoff, final_error
 
@@ -39,6 +40,8 @@ class Prepared:
     sha256: str
     pages: list[Page]
     cache_key: str
+    #: the fetched bytes until they are decoded (only cache misses are; then released)
+    data: bytes = b""
 
 
 #: failed images named one by one in a chunk's result (Flower's task page); the rest are counted
@@ -81,10 +84,15 @@ class ChunkReport:
 
 
 def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
+    """Fetch and hash; decoding waits for the cache check, so a hit never decodes."""
     data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
-    pages = decode(data, ctx.settings.limits)
     sha = sha256_hex(data)
-    return Prepared(item, sha, pages, keys.cache_key(sha, ctx.engine.revision, chunk.task, chunk.params))
+    return Prepared(item, sha, [], keys.cache_key(sha, ctx.engine.revision, chunk.task, chunk.params), data)
+
+
+def _decode(ctx: WorkerContext, prep: Prepared) -> None:
+    prep.pages = decode(prep.data, ctx.settings.limits)
+    prep.data = b""
 
 
 def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:  # noqa: C901
@@ -92,29 +100,36 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     tag = f"job={chunk.job} n={len(chunk.items)}"
     ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
 
-    # 1-2. fetch + validate: bytes, decode, hash — in the fetch pool, overlapping other chunks' inference
-    futures = {it.id: ctx.fetch_pool.submit(_prepare, ctx, chunk, it) for it in chunk.items}
+    # 1. fetch + hash — in the fetch pool, overlapping other chunks' inference
+    threads = ctx.settings.limits.fetch_threads
     prepared: dict[str, Prepared] = {}
     errors: dict[str, OcrqError] = {}
-    for item_id, fut in futures.items():
-        try:
-            prepared[item_id] = fut.result()
-        except Exception as exc:  # typed errors from refs/images; anything else is classified
-            errors[item_id] = classify(exc)
+    fetched = fan_out(ctx.fetch_pool, threads, lambda it: _prepare(ctx, chunk, it), chunk.items)
+    for it, outcome in zip(chunk.items, fetched, strict=True):
+        if isinstance(outcome, Exception):  # typed errors from refs; anything else is classified
+            errors[it.id] = classify(outcome)
+        else:
+            prepared[it.id] = outcome
     log.info("→ fetch %s ok=%d bad=%d %.2fs", tag, len(prepared), len(errors), time.monotonic() - t0)
 
-    # 3. cache check: one MGET for the chunk; hits never reach the engine
+    # 2. cache check: one MGET for the chunk; hits are neither decoded nor sent to the engine
     hits = ctx.cache.get_many([p.cache_key for p in prepared.values()])
     n_hits = sum(p.cache_key in hits for p in prepared.values())
     ctx.metrics.observe_cache(n_hits, len(prepared) - n_hits)
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(prepared) - n_hits)
+
+    # 3. validate (decode) the misses, in the fetch pool; a bad image fails here, typed
+    misses = [p for p in prepared.values() if p.cache_key not in hits]
+    for prep, bad in zip(misses, fan_out(ctx.fetch_pool, threads, lambda p: _decode(ctx, p), misses), strict=True):
+        if isinstance(bad, Exception):
+            errors[prep.item.id] = classify(bad)
 
     # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
     t1 = time.monotonic()
     pending: dict[str, list[Future[OcrOutput]]] = {}
     shared: set[str] = set()  # same bytes already in flight: the engine runs once, this one is a hit
     for item_id, prep in prepared.items():
-        if prep.cache_key not in hits:
+        if prep.cache_key not in hits and item_id not in errors:
             subs = [ctx.submit_once(f"{prep.cache_key}#{pg.index}",
                                     OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
                     for pg in prep.pages]
@@ -162,11 +177,12 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    writes = [(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")) for d in docs]
+    writes: list[tuple[str, Any]] = [(keys.result_object(d.record.job, d.record.id), d.model_dump_json().encode())
+                                     for d in docs]
     # the failed registry's durable mirror: losing Redis does not lose what failed
     writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
-    list(ctx.fetch_pool.map(lambda w: ctx.store.put_json(*w), writes))
+    ctx.store.put_many(writes)
     ctx.index.record(records)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
@@ -255,10 +271,10 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
     _set_countdown(ctx, report)
     ctx.metrics.observe_records(chunk.task, records)
     try:
-        for rec in records:
-            if rec.status is ImageStatus.failed:
-                ctx.store.put_json(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
-                ctx.store.put_json(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
+        failed = [rec for rec in records if rec.status is ImageStatus.failed]
+        ctx.store.put_many([(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
+                            for rec in failed] + [(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
+                                                  for rec in failed])
         ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)
