@@ -14,7 +14,8 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
 
-Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
+Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
+``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job

@@ -126,16 +126,18 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
 
     # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
     t1 = time.monotonic()
-    pending: dict[str, list[Future[OcrOutput]]] = {}
-    shared: set[str] = set()  # same bytes already in flight: the engine runs once, this one is a hit
-    for item_id, prep in prepared.items():
-        if prep.cache_key not in hits and item_id not in errors:
-            subs = [ctx.submit_once(f"{prep.cache_key}#{pg.index}",
-                                    OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params))
-                    for pg in prep.pages]
-            pending[item_id] = [f for f, _ in subs]
-            if all(was_shared for _, was_shared in subs):
-                shared.add(item_id)
+    pending: dict[str, list[Future[OcrOutput]]] = {
+        i: [] for i, p in prepared.items() if p.cache_key not in hits and i not in errors}
+    to_run = [(i, pg) for i in pending for pg in prepared[i].pages]
+    submitted = ctx.submit_once_many([
+        (f"{prepared[i].cache_key}#{pg.index}", OcrRequest(f"{i}#{pg.index}", pg.image, chunk.task, chunk.params))
+        for i, pg in to_run])
+    # same bytes already in flight (here or in another chunk): the engine runs once, the rest are hits
+    all_shared = dict.fromkeys(pending, True)
+    for (i, _), (fut, was_shared) in zip(to_run, submitted, strict=True):
+        pending[i].append(fut)
+        all_shared[i] = all_shared[i] and was_shared
+    shared = {i for i, was in all_shared.items() if was}
     outputs: dict[str, list[OcrOutput]] = {}
     # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
     # an image still in the engine then is retried (its retry joins the same in-flight future)
@@ -143,7 +145,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     for item_id, page_futures in pending.items():
         try:
             outputs[item_id] = [
-                f.result(timeout=max(0.0, deadline - time.monotonic())).model_copy(update={"page": pg.index})
+                _on_page(f.result(timeout=max(0.0, deadline - time.monotonic())), pg.index)
                 for f, pg in zip(page_futures, prepared[item_id].pages, strict=True)
             ]
         except FutureTimeout:
@@ -170,9 +172,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
             outs = hits[got.cache_key] if got.cache_key in hits else outputs[item.id]
             cached = got.cache_key in hits or item.id in shared
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
-                          worker=worker)
-            if not cached:
-                rec = rec.model_copy(update=_engine_share(outs))
+                          worker=worker, **({} if cached else _engine_share(outs)))
             report.done += 1
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
@@ -221,13 +221,19 @@ def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
 
 def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
             prep: Prepared | None = None, cached: bool = False, pages: int = 0,
-            worker: str | None = None) -> ImageRecord:
+            worker: str | None = None, **engine: Any) -> ImageRecord:
     return ImageRecord(
         id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
         cached=cached, pages=pages, worker=worker,
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
-        error=ErrorInfo(**error.to_dict()) if error else None,
+        error=ErrorInfo(**error.to_dict()) if error else None, **engine,
     )
+
+
+def _on_page(output: OcrOutput, page: int) -> OcrOutput:
+    """The engine's output as page ``page`` of its image (copied only when the index differs:
+    a shared in-flight future's output is never mutated)."""
+    return output if output.page == page else output.model_copy(update={"page": page})
 
 
 def _engine_share(outputs: list[OcrOutput]) -> dict[str, Any]:
