@@ -27,9 +27,8 @@ log = logging.getLogger("ocrq.prefetch")
 
 
 def desired_prefetch(backlog_images: int, chunk_size: int, concurrency: int, eta_held: int) -> int:
-    """Messages to reserve: enough chunks for the backlog plus one in intake (being fetched,
-    decoded or stored while the others are in the engine), within [1, concurrency], plus ETA ones."""
-    chunks = math.ceil(max(backlog_images, 1) / max(chunk_size, 1)) + 1
+    """Messages to reserve: enough chunks for the backlog, within [1, concurrency], plus ETA ones."""
+    chunks = math.ceil(max(backlog_images, 1) / max(chunk_size, 1))
     return max(1, min(concurrency, chunks)) + eta_held
 
 

@@ -61,13 +61,11 @@ def test_retry_policy():
 
 
 def test_prefetch_follows_backlog_within_bounds():
-    # the chunks the engine backlog needs, plus one in intake (fetch/decode/store), ≤ concurrency
-    assert desired_prefetch(0, 64, 4, 0) == 2
-    assert desired_prefetch(64, 64, 4, 0) == 2
-    assert desired_prefetch(65, 64, 4, 0) == 3
+    assert desired_prefetch(0, 64, 4, 0) == 1
+    assert desired_prefetch(64, 64, 4, 0) == 1
+    assert desired_prefetch(65, 64, 4, 0) == 2
     assert desired_prefetch(10_000, 64, 4, 0) == 4
-    assert desired_prefetch(0, 64, 1, 0) == 1
-    assert desired_prefetch(10, 64, 4, 3) == 5  # ETA-held retries do not block new work
+    assert desired_prefetch(10, 64, 4, 3) == 4  # ETA-held retries do not block new work
 
 
 def test_settings_env_and_yaml(tmp_path, monkeypatch):
