@@ -8,7 +8,7 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick lint typecheck format up down clean
+.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick bench-overhead lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
@@ -85,6 +85,13 @@ reliability: install test-prereqs
 
 reliability-quick: install test-prereqs
 	$(PY) -m bench.chaos --quick
+
+# The queue's own cost (bench/overhead.py, docs/bench/overhead.md): 20,000 distinct small images
+# through ocrq with the null (simulated) engine, first pass and all-cache-hit pass, beside plain
+# Celery with one task per image; the last line is JSON. A benchmark, not part of `make test`.
+BENCH_IMAGES ?= 20000
+bench-overhead: install
+	$(PY) -m bench.overhead --images $(BENCH_IMAGES)
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

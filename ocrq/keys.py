@@ -21,7 +21,9 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
 
-Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
+Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
+``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
+``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
@@ -133,6 +135,12 @@ def export_prefix(job_name: str) -> str:
 
 def export_object(job_name: str, name: str) -> str:
     return export_prefix(job_name) + name
+
+
+def is_export_object(path: str) -> bool:
+    """Whether ``path`` is a file of a job's export (``results/{job}/export/...``)."""
+    parts = path.split("/")
+    return len(parts) == 4 and parts[0] == "results" and parts[2] == "export"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

@@ -19,7 +19,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -296,22 +295,14 @@ class Job:
     def records(self) -> Iterator[ImageRecord]:
         return self.client.index.scan(self.name)
 
-    def results(self, threads: int = 16) -> Iterator[ImageResult]:
-        """Every image of the job: finished ones with their stored document, others as records."""
+    def results(self, batch: int = 512) -> Iterator[ImageResult]:
+        """Every image of the job: finished ones with their stored document, others as records.
+        Documents are read ``batch`` at a time (one store ``get_many``)."""
         store = self.client.store
-
-        def load(rec: ImageRecord) -> ImageResult:
-            if rec.status.final:
-                doc = store.get_json(keys.result_object(rec.job, rec.id))
-                if doc is not None:
-                    return ImageResult.model_validate(doc)
-            return ImageResult(record=rec)
-
-        with ThreadPoolExecutor(threads) as pool:
-            batch: list[ImageRecord] = []
-            for rec in self.records():
-                batch.append(rec)
-                if len(batch) >= 256:
-                    yield from pool.map(load, batch)
-                    batch = []
-            yield from pool.map(load, batch)
+        records = self.records()
+        while part := list(islice(records, batch)):
+            paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
+            docs = store.get_many(paths.values(), raw=True) if paths else {}
+            for rec in part:
+                raw = docs.get(paths[rec.id]) if rec.id in paths else None
+                yield ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec)

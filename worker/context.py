@@ -49,14 +49,32 @@ class WorkerContext:
         """Send a page to the engine loop unless the same content is already in flight here
         (two refs with the same bytes in flight at once run the engine once). Returns the
         future and whether it was shared (the engine did not run for this request)."""
+        return self.submit_once_many([(key, request)])[0]
+
+    def submit_once_many(self, pages: list[tuple[str, OcrRequest]]) -> list[tuple[Future[OcrOutput], bool]]:
+        """``submit_once`` for a chunk's pages at once: one hand-off to the engine loop (one
+        wake-up of its thread) instead of one per page. A key twice in ``pages`` runs once."""
+        new_keys: list[str] = []
+        new_requests: list[OcrRequest] = []
+        slots: list[tuple[Future[OcrOutput] | None, int, bool]] = []  # (in-flight future | new index, shared)
         with self._lock:
-            fut = self._inflight.get(key)
-            if fut is not None:
-                return fut, True
-            fut = self.loop.submit(request)
-            self._inflight[key] = fut
-        fut.add_done_callback(lambda _f: self._forget(key))
-        return fut, False
+            first: dict[str, int] = {}
+            for key, request in pages:
+                fut = self._inflight.get(key)
+                if fut is not None:
+                    slots.append((fut, -1, True))
+                elif key in first:
+                    slots.append((None, first[key], True))
+                else:
+                    first[key] = len(new_requests)
+                    new_keys.append(key)
+                    new_requests.append(request)
+                    slots.append((None, first[key], False))
+            futures = self.loop.submit_many(new_requests) if new_requests else []
+            self._inflight.update(zip(new_keys, futures, strict=True))
+        for key, fut in zip(new_keys, futures, strict=True):
+            fut.add_done_callback(lambda _f, k=key: self._forget(k))
+        return [(fut if fut is not None else futures[j], shared) for fut, j, shared in slots]
 
     def _forget(self, key: str) -> None:
         with self._lock:
@@ -116,7 +134,7 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     decoder = make_decoder(settings.limits)
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
-        cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
+        cache=ResultCache(client, store, settings.redis.cache_ttl),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
         governor_key=governor_key, metrics=metrics, decoder=decoder,
     )
