@@ -55,9 +55,10 @@ def list_gpus(nvml: Any = None) -> list[Gpu]:
     """The host's GPUs as NVML enumerates them; [] without nvidia-ml-py, a driver or a device."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             return []
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded: a host without GPUs

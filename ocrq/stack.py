@@ -111,6 +111,10 @@ class Stack:
     def pid(self, name: str) -> int | None:
         try:
             pid = int(self._pidfile(name).read_text())
+            try:  # started by this process (not by an earlier `ocrq up`): reap it once it exits
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
             os.kill(pid, 0)
             return pid
         except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
