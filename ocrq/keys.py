@@ -72,7 +72,8 @@ REAPER_SUSPECTS = PREFIX + "reaper:suspects"
 
 def governor_profile(fingerprint: str) -> str:
     """Where workers keep what their governor learned, shared by every worker whose model,
-    engine settings and device capacity hash to ``fingerprint`` (``governor_fingerprint``)."""
+    engine settings and device capacity hash to ``fingerprint`` (``governor_fingerprint``): the
+    workers of identical GPUs share one, the most-informed save wins (docs/gpu.md)."""
     return f"{PREFIX}governor:{fingerprint}"
 
 
