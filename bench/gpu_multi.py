@@ -195,6 +195,9 @@ def main() -> None:
         print(json.dumps(one), flush=True)
         stop(first)
         procs = start_workers(env, plans, work, redis_url)
+        # each worker reads who else consumes the queue once a second (worker.prefetch): let both
+        # see each other before the job lands, as in a running fleet
+        time.sleep(2.5)
         try:
             two = timed_job(settings, folders["two"], "multi-two", redis_url, nodes)
             print(json.dumps(two), flush=True)

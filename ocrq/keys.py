@@ -13,6 +13,7 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
+    ocrq:consumers:{queue}            ZSET  worker hostname -> last seen (epoch s)   1 h, refreshed 1/s
 
 Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
 
@@ -68,6 +69,16 @@ def held_tags(hostname: str) -> str:
 
 #: unacked delivery tags no live worker claims, with when a sweep first saw them (worker.reaper)
 REAPER_SUSPECTS = PREFIX + "reaper:suspects"
+
+
+def queue_consumers(queue: str) -> str:
+    """Workers consuming ``queue``, scored by when each last said so (once a second): how many
+    share it, so each reserves an equal share of a shallow queue (worker.prefetch)."""
+    return f"{PREFIX}consumers:{queue}"
+
+
+#: a queue's consumer set outlives its last worker by this long
+QUEUE_CONSUMERS_TTL_S = 3600
 
 
 def governor_profile(fingerprint: str) -> str:

@@ -31,7 +31,8 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
 
     register_tasks(app, get_ctx)
     conc = concurrency or settings.queue.concurrency
-    app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc))
+    app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc,
+                                                 queues=queues or [settings.queue.name]))
     app.steps["consumer"].add(make_reaper_step(
         lambda: ctx.redis if (ctx := holder.get("ctx")) else None,
         settings.redis.dead_worker_s, settings.redis.reaper_interval_s,

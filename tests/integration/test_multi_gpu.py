@@ -94,6 +94,12 @@ def test_two_gpu_workers_share_one_queue_fairly(redis_url: str, redis_client: An
             assert env["CUDA_VISIBLE_DEVICES"] == gpu.uuid and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
             assert env["OCRQ_METRICS_PORT"] == str(metrics + gpu.index)
             assert redis_client.exists(keys.worker_state(f"gpu{gpu.index}@{host}"))
+        # and both registered as consumers of the one queue (each reserves an equal share of it)
+        deadline = time.monotonic() + 10
+        while redis_client.zcard(keys.queue_consumers(settings.queue.name)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        consumers = {m.decode() for m in redis_client.zrange(keys.queue_consumers(settings.queue.name), 0, -1)}
+        assert consumers == {f"gpu0@{host}", f"gpu1@{host}"}
         # When 400 distinct images go through the producer
         client = Client(settings)
         t0 = time.monotonic()
