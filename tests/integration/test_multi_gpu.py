@@ -20,6 +20,7 @@ from ocrq.settings import Settings
 from ocrq.stack import Stack
 from producer.client import Client
 from tests.conftest import free_port
+from tests.integration.conftest import settings_for, worker_env
 from worker.context import save_snapshot
 
 pytestmark = pytest.mark.integration
@@ -27,12 +28,12 @@ pytestmark = pytest.mark.integration
 IMAGES = 400
 
 
-def _distinct_images(folder: Path, n: int) -> None:
+def _distinct_images(folder: Path, n: int, seed: int = 13) -> None:
     import numpy as np
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(13)
+    rng = np.random.default_rng(seed)
     for i in range(n):
         Image.fromarray(rng.integers(0, 255, (48, 96, 3), dtype=np.uint8)).save(folder / f"{i:04d}.png")
 
@@ -148,3 +149,45 @@ def test_the_shared_snapshot_keeps_the_most_informed_learning(redis_client: Any)
     assert save_snapshot(redis_client, key, _snap(1), 1)
     redis_client.set(key, json.dumps({"version": 0}))
     assert save_snapshot(redis_client, key, _snap(1), 1)
+
+
+def test_governed_windows_split_a_job_evenly(redis_url: str, redis_client: Any, tmp_path: Path,
+                                             start_worker: Any) -> None:
+    # Given two GPU workers shaped like bench/gpu_multi.py: auto batches, chunks of 8, 32 chunk
+    # threads, and warm governors, so each would reserve the whole job on its own (a batch takes
+    # 0.3 s + 0.02 s per image)
+    _distinct_images(tmp_path / "in", IMAGES)
+    _distinct_images(tmp_path / "warm", 96, seed=7)
+    env = worker_env(redis_url, tmp_path / "store", [tmp_path],
+                     OCRQ_ENGINE__KIND="simulated", OCRQ_BATCH__MODE="auto", OCRQ_QUEUE__CHUNK_SIZE="8",
+                     OCRQ_ENGINE__EXTRA=json.dumps({"batch_latency_s": 0.3, "image_latency_s": 0.02}),
+                     OCRQ_METRICS_PORT="0", TEST_CONCURRENCY="32")
+    host = socket.gethostname()
+    gpus = [Gpu(0, "GPU-00000000-test"), Gpu(1, "GPU-11111111-test")]
+    plans = plan_gpu_workers(Settings(engine={"kind": "simulated"}, metrics_port=0), gpus, host)
+    client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                                 queue={"chunk_size": 8}))
+    # gpu0 learns first (its slow start), then gpu1 starts from the snapshot it saved
+    start_worker({**env, **plans[0].env}, name="gpu0")
+    assert client.submit([str(tmp_path / "warm")], job="warm").wait(timeout=300)["done"] == 96
+    time.sleep(1.5)  # the snapshot is saved once a second
+    start_worker({**env, **plans[1].env}, name="gpu1")
+    state = json.loads(redis_client.get(keys.worker_state(f"gpu1@{host}")))
+    assert state["restored_observations"] > 0, state
+    # and both have seen each other on the queue (each refreshes that once a second)
+    deadline = time.monotonic() + 10
+    while redis_client.zcard(keys.queue_consumers("ocrq")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)
+    # When a job of 400 images (50 chunks) lands on the idle pair
+    job = client.submit([str(tmp_path / "in")], job="even")
+    assert job.wait(timeout=300)["done"] == IMAGES
+    by_worker: dict[str, int] = {}
+    for rec in job.records():
+        by_worker[rec.worker or "?"] = by_worker.get(rec.worker or "?", 0) + 1
+    print("per worker:", by_worker)
+    # Then the split is near even: measured 200/200 (4 runs) and 216/184 with the fair share;
+    # 240/160 and 232/168 without it (worker.prefetch before ocrq:consumers), whose first
+    # poll took what its warm governor asked for
+    assert set(by_worker) == {f"gpu0@{host}", f"gpu1@{host}"}, by_worker
+    assert max(by_worker.values()) <= 0.57 * IMAGES, by_worker
