@@ -82,12 +82,14 @@ class WorkerContext:
 
     def save_governor(self) -> None:
         """Persist what the governor learned, when it learned something new (the key's TTL is
-        refreshed then too)."""
+        refreshed then too). Workers on identical GPUs share the key (docs/gpu.md): the snapshot
+        that has seen the most batches stays, so a worker that started cold next to a warm one
+        does not replace the warm one's learning with its first few batches."""
         governor = self.loop.governor
         seen = governor.calibrator.observations
         if self.governor_key is None or seen in (0, self._saved_observations):
             return
-        self.redis.set(self.governor_key, json.dumps(governor.snapshot()), ex=keys.GOVERNOR_PROFILE_TTL_S)
+        save_snapshot(self.redis, self.governor_key, governor.snapshot(), seen)
         self._saved_observations = seen
 
     def close(self) -> None:
@@ -97,6 +99,32 @@ class WorkerContext:
         self.fetch_pool.shutdown(wait=False, cancel_futures=True)
         if self.decoder is not None:
             self.decoder.close()
+
+
+#: SET the snapshot unless the stored one has seen more batches (then only refresh its TTL).
+#: Unreadable stored data is replaced. KEYS[1] snapshot key; ARGV: json, observations, ttl seconds
+_SAVE_IF_MORE_INFORMED = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, snap = pcall(cjson.decode, cur)
+  if ok and type(snap) == 'table' and type(snap['calibration']) == 'table' then
+    local stored = tonumber(snap['calibration']['observations'])
+    if stored and stored > tonumber(ARGV[2]) then
+      redis.call('EXPIRE', KEYS[1], ARGV[3])
+      return 0
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+
+def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations: int) -> bool:
+    """Store a governor snapshot unless the key holds one that has seen more batches (one atomic
+    script, so two workers saving at once cannot interleave). Returns whether it was written."""
+    return bool(client.eval(_SAVE_IF_MORE_INFORMED, 1, key, json.dumps(snapshot), observations,
+                            keys.GOVERNOR_PROFILE_TTL_S))
 
 
 def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
