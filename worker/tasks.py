@@ -104,6 +104,9 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     # 3. validate (decode) the plain images that missed, in the fetch pool and through the
     # isolated decoder (worker.decode); a bad image fails here, typed
     misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in hits]
+    for p in prepared.values():
+        if p.data and p.units[0].cache_key in hits:
+            p.data = b""  # a hit is never decoded: its bytes can go now
     for prep, bad in zip(misses, fan_out(ctx.fetch_pool, threads, lambda p: decode_miss(ctx, p), misses),
                          strict=True):
         if isinstance(bad, Exception):
