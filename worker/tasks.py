@@ -288,13 +288,25 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
     log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
     report = ChunkReport()
     records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
-    _set_countdown(ctx, report)
-    ctx.metrics.observe_records(chunk.task, records)
+    failed = [rec for rec in records if rec.status is ImageStatus.failed]
     try:
-        failed = [rec for rec in records if rec.status is ImageStatus.failed]
         ctx.store.put_many([(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
                             for rec in failed] + [(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
                                                   for rec in failed])
+    except Exception as exc:
+        # the final failures cannot be written (the store is what is down): acking them now would
+        # leave them "running" for good. They go back as they are, their attempt not counted
+        # again: the next attempt records them, or succeeds if the store is back.
+        log.warning("! could not store the failure of %d image(s) of job=%s, handed back: %s",
+                    len(failed), chunk.job, exc)
+        back = {rec.id for rec in failed}
+        report.retry += [it for it in chunk.items if it.id in back]
+        report.failed, report.failures = 0, []
+        records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) if it.id in back else rec
+                   for it, rec in zip(chunk.items, records, strict=True)]
+    _set_countdown(ctx, report)
+    ctx.metrics.observe_records(chunk.task, records)
+    try:
         ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)
