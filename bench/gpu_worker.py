@@ -42,13 +42,14 @@ def _write(args: tuple[Path, int, int, int, int]) -> None:
     Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path, quality=quality)
 
 
-def write_workload(root: Path, n: int, seed: int, tag: str, scale: float) -> Path:
+def write_workload(root: Path, n: int, seed: int, tag: str, scale: float, offset: int | None = None) -> Path:
+    """``n`` distinct JPEGs in ``root/tag``; ``offset`` keeps sets of one seed apart (default: by tag)."""
     from bench.gpu_governor import _images
 
     sizes = [im.size for im in _images(n, seed)]  # the benchmark's order, image for image
     out = root / tag
     out.mkdir(parents=True, exist_ok=True)
-    base = seed * 1_000_000 + (0 if tag == "cold" else 500_000)
+    base = seed * 1_000_000 + (offset if offset is not None else 0 if tag == "cold" else 500_000)
     jobs = [(out / f"{i:04d}.jpg", max(32, int(w * scale)), max(32, int(h * scale)), base + i, 90)
             for i, (w, h) in enumerate(sizes)]
     with ProcessPoolExecutor(min(16, os.cpu_count() or 1)) as pool:

@@ -6,6 +6,7 @@
     │   ├── EngineTimeout      the engine did not answer in time
     │   ├── EngineCrashed      the engine died; it is rebuilt, the image retried
     │   ├── EngineUnavailable  no engine server answers (every vLLM endpoint down or refusing)
+    │   ├── DecoderCrashed     the image decoder's process died or hung on this image (worker.decode)
     │   └── StorageUnavailable Redis/S3/HTTP source unreachable or 5xx
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
@@ -23,13 +24,16 @@
                                ("after 4 attempts: EngineOOM: ...")
 
 Every error serialises to ``{"type": ClassName, "message": str, "retryable": bool}`` which is
-what a failed image records on its task. ``classify`` maps any exception into the tree;
-``is_oom`` recognises a device out-of-memory (ours or torch's) without importing torch.
+what a failed image records on its task; URLs in the message are redacted (ocrq.redact).
+``classify`` maps any exception into the tree; ``is_oom`` recognises a device out-of-memory (ours
+or torch's) without importing torch.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ocrq.redact import redact_text
 
 
 class OcrqError(Exception):
@@ -38,7 +42,7 @@ class OcrqError(Exception):
     retryable: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, "message": str(self), "retryable": self.retryable}
+        return {"type": type(self).__name__, "message": redact_text(str(self)), "retryable": self.retryable}
 
 
 class Retryable(OcrqError):
@@ -63,6 +67,10 @@ class EngineCrashed(Retryable):
 
 class EngineUnavailable(Retryable):
     pass
+
+
+class DecoderCrashed(Retryable):
+    """The isolated decoder process died (segfault, abort, OOM kill) or hung on this image."""
 
 
 class StorageUnavailable(Retryable):
@@ -121,8 +129,9 @@ _BY_NAME: dict[str, type[OcrqError]] = {
     cls.__name__: cls
     for cls in (
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
-        EngineUnavailable, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage, UnsupportedFormat,
-        TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument, EncryptedDocument,
+        EngineUnavailable, DecoderCrashed, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage,
+        UnsupportedFormat, TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument,
+        EncryptedDocument,
     )
 }
 

@@ -21,8 +21,11 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
+    ocrq:consumers:{queue}            ZSET  worker hostname -> last seen (epoch s)   1 h, refreshed 1/s
 
-Durable store (S3 ``s3://{bucket}/{prefix}`` or the local directory ``store.path``):
+Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
+``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
+``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
@@ -87,9 +90,20 @@ def held_tags(hostname: str) -> str:
 REAPER_SUSPECTS = PREFIX + "reaper:suspects"
 
 
+def queue_consumers(queue: str) -> str:
+    """Workers consuming ``queue``, scored by when each last said so (once a second): how many
+    share it, so each reserves an equal share of a shallow queue (worker.prefetch)."""
+    return f"{PREFIX}consumers:{queue}"
+
+
+#: a queue's consumer set outlives its last worker by this long
+QUEUE_CONSUMERS_TTL_S = 3600
+
+
 def governor_profile(fingerprint: str) -> str:
     """Where workers keep what their governor learned, shared by every worker whose model,
-    engine settings and device capacity hash to ``fingerprint`` (``governor_fingerprint``)."""
+    engine settings and device capacity hash to ``fingerprint`` (``governor_fingerprint``): the
+    workers of identical GPUs share one, the most-informed save wins (docs/gpu.md)."""
     return f"{PREFIX}governor:{fingerprint}"
 
 
@@ -134,6 +148,12 @@ def export_prefix(job_name: str) -> str:
 
 def export_object(job_name: str, name: str) -> str:
     return export_prefix(job_name) + name
+
+
+def is_export_object(path: str) -> bool:
+    """Whether ``path`` is a file of a job's export (``results/{job}/export/...``)."""
+    parts = path.split("/")
+    return len(parts) == 4 and parts[0] == "results" and parts[2] == "export"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

@@ -7,9 +7,13 @@ re-publishes only the items that need it, with their attempt counters.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from ocrq.errors import TooLarge
+from ocrq.redact import redact_url
 
 #: Celery task name of the chunk task (the producer sends by name; it never imports the worker)
 OCR_CHUNK_TASK = "ocrq.ocr_chunk"
@@ -40,3 +44,24 @@ class Chunk(BaseModel):
 
     def to_message(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def chunk_argsrepr(message: dict[str, Any]) -> str:
+    """What Flower, task events and ``celery inspect`` show as a chunk task's arguments (Celery's
+    ``argsrepr``): the message with every ref redacted (ocrq.redact)."""
+    items = [{**it, "ref": redact_url(str(it.get("ref", "")))} for it in message.get("items", [])]
+    return repr([{**message, "items": items}])
+
+
+def message_bytes(message: dict[str, Any]) -> int:
+    return len(json.dumps(message, separators=(",", ":")).encode())
+
+
+def checked_message(chunk: Chunk, cap: int) -> dict[str, Any]:
+    """The chunk's message, or ``TooLarge`` when it exceeds ``queue.max_message_bytes``."""
+    message = chunk.to_message()
+    size = message_bytes(message)
+    if size > cap:
+        raise TooLarge(f"a chunk message of {size} bytes exceeds queue.max_message_bytes ({cap}):"
+                       " shorten the task params or lower queue.chunk_size")
+    return message

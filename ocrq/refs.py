@@ -46,10 +46,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import RefusedRef
 from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
+from ocrq.redact import redact_text
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
 BAD_REF_PREFIX = "invalid:"
+#: longer references are refused (RefusedRef): keeps every chunk message within its size cap
+MAX_REF_CHARS = 8192
 #: a manifest may list manifests this deep (also stops a manifest that lists itself)
 MAX_MANIFEST_DEPTH = 3
 _CHUNK = 1 << 16
@@ -90,6 +93,9 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
     entries of a manifest stored on S3 (default: the current directory).
     """
     text = ref  # callers strip user input; file names may legitimately end in spaces
+    if len(text) > MAX_REF_CHARS:
+        raise RefusedRef(f"reference of {len(text)} characters (more than {MAX_REF_CHARS}):"
+                         f" {redact_text(text[:100])}...")
     if not text.strip() or "\x00" in text or "\n" in text:
         raise RefusedRef(f"malformed reference: {ref!r}")
     match = _SCHEME.match(text)
@@ -200,7 +206,7 @@ def expand(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None =
 
 
 def _bad(reason: str) -> str:
-    return f"{BAD_REF_PREFIX}{reason}"
+    return f"{BAD_REF_PREFIX}{redact_text(reason)}"
 
 
 def _refused(raw: str, reason: str) -> Entry:

@@ -83,6 +83,16 @@ class LimitSettings(BaseModel):
     http_max_redirects: int = 3
     #: threads that fetch + decode + hash ahead of the engine
     fetch_threads: int = 8
+    #: decode each image in a supervised child process (worker.decode): a decoder that crashes
+    #: or hangs fails that image with DecoderCrashed instead of killing the worker
+    decode_isolation: bool = True
+    #: decoding children per worker (0: min(fetch_threads, CPU count))
+    decode_processes: int = 0
+    #: seconds one image may decode before its child is killed (DecoderCrashed)
+    decode_timeout_s: float = 60.0
+    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG abort / hang the
+    #: decoder (the chaos suite's crashing files); never enable in production
+    decode_fault_markers: bool = False
 
 
 class EngineSettings(BaseModel):
@@ -146,6 +156,11 @@ class QueueSettings(BaseModel):
     name: str = "ocrq"
     #: references per broker message for bulk submissions
     chunk_size: int = 64
+    #: a chunk message larger than this (JSON bytes) is refused: by the producer with TooLarge
+    #: before anything is recorded, by the worker (a message from elsewhere) by failing its
+    #: images with TooLarge. Refs are capped at ocrq.refs.MAX_REF_CHARS and params at a quarter
+    #: of this, so a default chunk always fits
+    max_message_bytes: int = 1024 * 1024
     #: chunk tasks a worker runs at once (threads pool); they share one engine loop
     concurrency: int = 4
     #: attempts per image (first + retries) before it fails with RetriesExhausted

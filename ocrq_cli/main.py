@@ -1,6 +1,6 @@
 """The ``ocrq`` command line. Each command builds the process's settings once and passes them on.
 
-    ocrq up [--allow DIR] | down                embedded stack (Redis, one worker, Flower)
+    ocrq up [--allow DIR] [--gpus all|0,1] | down  embedded stack (Redis, a worker or one per GPU, Flower)
     ocrq flower                                 Flower on the ocrq app, behind basic auth
     ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
     ocrq status J | results J [--out F] | jobs  follow jobs
@@ -59,15 +59,28 @@ def _client(settings: Settings) -> Any:
 
 
 @app.command()
-def up(wait: float = typer.Option(300, help="seconds to wait for the worker to be ready"),
-       allow: list[Path] = typer.Option([], "--allow", help="a directory the worker may read local files "
+def up(wait: float = typer.Option(300, help="seconds to wait for the workers to be ready"),
+       allow: list[Path] = typer.Option([], "--allow", help="a directory the workers may read local files "
                                         "from (repeatable; default: limits.allowed_roots, else here)"),
+       gpus: str | None = typer.Option(None, help="one worker per GPU: all, or NVML indices/UUIDs like 0,1 "
+                                                  "(with a GPU profile, e.g. --config configs/gpu-vllm.yaml)"),
        ) -> None:
     """Start the embedded stack in the background (state under ./var/)."""
+    import socket
+
+    from ocrq.gpus import list_gpus, plan_gpu_workers, select_gpus
     from ocrq.stack import Stack
 
-    for name, what in Stack(_settings(), allow=allow).up(wait=wait).items():
-        console.print(f"[green]{name:7}[/] {what}")
+    settings = _settings()
+    workers = None
+    if gpus is not None:
+        try:
+            workers = plan_gpu_workers(settings, select_gpus(gpus, list_gpus()), socket.gethostname())
+        except ValueError as exc:
+            console.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(code=2) from exc
+    for name, what in Stack(settings, allow=allow).up(wait=wait, workers=workers).items():
+        console.print(f"[green]{name:7}[/] {what}", highlight=False)
 
 
 @app.command()

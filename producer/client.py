@@ -19,7 +19,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -27,12 +26,13 @@ from typing import Any
 import redis
 
 from ocrq import keys
-from ocrq.errors import RefusedRef
+from ocrq.errors import RefusedRef, TooLarge
 from ocrq.export import invalidate, request_export
 from ocrq.intake import IntakePlan, plan_intake
 from ocrq.jobs import JobIndex
-from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item
+from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, message_bytes
 from ocrq.queue import make_celery
+from ocrq.redact import redact_text, redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
@@ -116,18 +116,23 @@ class Client:
         completion also has a Parquet file (ocrq.export)."""
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
+        params = params or {}
+        params_size = message_bytes(params)
+        if params_size > self.settings.queue.max_message_bytes // 4:
+            raise TooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"
+                           f" ({self.settings.queue.max_message_bytes}): pass large inputs by reference")
         plan = refs if isinstance(refs, IntakePlan) else self.plan(refs)
         try:
             if plan.refused:
                 raise SubmissionRefused(plan)
-            return self._publish(plan, job, task, params or {}, priority, queue or self.settings.queue.name,
+            return self._publish(plan, job, task, params, priority, queue or self.settings.queue.name,
                                  parquet)
         finally:
             plan.close()
 
     def _publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any], priority: int | None,
                  queue: str, parquet: bool) -> Job:
-        skipped = [f"{e.value}: {e.reason}" for e in plan.skipped_sample[:_SKIPPED_IN_META]]
+        skipped = [redact_text(f"{e.value}: {e.reason}") for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": ["jsonl"] + (["parquet"] * parquet),
@@ -137,8 +142,8 @@ class Client:
         # being recorded.
         need = bytearray()
         for window in _windows(plan.entries()):
-            queued = [ImageRecord(id=keys.image_id(job, ref, row), job=job, ref=ref, status=ImageStatus.queued,
-                                  row=row) for ref, row in window]
+            queued = [ImageRecord(id=keys.image_id(job, ref, row), job=job, ref=redact_url(ref),
+                                  status=ImageStatus.queued, row=row) for ref, row in window]
             need += bytes(self.index.record(queued, mode="submit"))
         if any(need):  # new work: the job's export (if any) no longer describes it
             invalidate(self.redis, self.store, job)
@@ -153,8 +158,9 @@ class Client:
                 for start in range(0, len(todo), size):
                     part = todo[start:start + size]
                     chunk = Chunk(job=job, task=task, params=params, items=part, priority=priority or 0)
+                    message = checked_message(chunk, self.settings.queue.max_message_bytes)
                     self.app.send_task(
-                        OCR_CHUNK_TASK, args=[chunk.to_message()],
+                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
                         task_id=keys.chunk_id(job, part[0].id, len(part)),
                         queue=queue, priority=priority, producer=producer,
                     )
@@ -202,8 +208,9 @@ class Client:
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
                                   priority=meta.get("priority") or 0)
+                    message = chunk.to_message()
                     self.app.send_task(
-                        OCR_CHUNK_TASK, args=[chunk.to_message()],
+                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
                         task_id=keys.chunk_id(j, part[0].id, len(part)) + "-r" + stamp,
                         queue=meta.get("queue") or self.settings.queue.name, priority=meta.get("priority"),
                         producer=producer,
@@ -232,7 +239,7 @@ class SubmissionRefused(RefusedRef):
     def __init__(self, plan: IntakePlan) -> None:
         first = plan.refused_sample[0] if plan.refused_sample else None
         super().__init__(f"{plan.refused} refs refused, nothing published"
-                         + (f"; first: {first.reason}" if first else ""))
+                         + (f"; first: {redact_text(first.reason)}" if first else ""))
         self.plan = plan
 
 
@@ -289,22 +296,14 @@ class Job:
     def records(self) -> Iterator[ImageRecord]:
         return self.client.index.scan(self.name)
 
-    def results(self, threads: int = 16) -> Iterator[ImageResult]:
-        """Every image of the job: finished ones with their stored document, others as records."""
+    def results(self, batch: int = 512) -> Iterator[ImageResult]:
+        """Every image of the job: finished ones with their stored document, others as records.
+        Documents are read ``batch`` at a time (one store ``get_many``)."""
         store = self.client.store
-
-        def load(rec: ImageRecord) -> ImageResult:
-            if rec.status.final:
-                doc = store.get_json(keys.result_object(rec.job, rec.id))
-                if doc is not None:
-                    return ImageResult.model_validate(doc)
-            return ImageResult(record=rec)
-
-        with ThreadPoolExecutor(threads) as pool:
-            batch: list[ImageRecord] = []
-            for rec in self.records():
-                batch.append(rec)
-                if len(batch) >= 256:
-                    yield from pool.map(load, batch)
-                    batch = []
-            yield from pool.map(load, batch)
+        records = self.records()
+        while part := list(islice(records, batch)):
+            paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
+            docs = store.get_many(paths.values(), raw=True) if paths else {}
+            for rec in part:
+                raw = docs.get(paths[rec.id]) if rec.id in paths else None
+                yield ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec)

@@ -38,7 +38,11 @@ from worker.governor import Governor
 from worker.nvml import MemoryProbe, NullProbe
 from worker.oom import downscale_for_memory, is_oom, restore_scale
 
-__all__ = ["EngineLoop", "downscale_for_memory", "is_oom"]
+__all__ = ["OOM_LOG", "EngineLoop", "downscale_for_memory", "is_oom"]
+
+#: the start of the warning logged at every OOM (the chaos suite counts them in worker logs,
+#: which survive a killed worker, unlike its published state)
+OOM_LOG = "OOM on a batch of"
 
 @dataclass(eq=False)
 class _Item:
@@ -365,7 +369,7 @@ class EngineLoop:
     def _after_oom(self, items: list[_Item], depth: int, exc: BaseException) -> None:
         self._stats["oom_events"] += 1
         self.governor.on_oom([it.cost for it in items])
-        self.log.warning("OOM on a batch of %d (level %d): %s", len(items), depth, exc)
+        self.log.warning(OOM_LOG + " %d (level %d): %s", len(items), depth, exc)
         if len(items) == 1:
             self._retry_alone(items[0])
             return

@@ -2,15 +2,16 @@
 
 A key is sha256(bytes) + engine revision + task + params (ocrq.keys.cache_key), so a hit is
 exactly "this engine already read these bytes this way". Lookups are one MGET for a whole chunk,
-then store reads only for the Redis misses (which also re-warm Redis).
+then one batched store read (``get_many``) for the Redis misses (which also re-warm Redis); writes
+are one batched store write, then one pipelined SET per chunk.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from ocrq import keys
 from ocrq.errors import StorageUnavailable
@@ -20,20 +21,23 @@ from ocrq.storage import ResultStore
 Outputs = list[OcrOutput]
 
 
-def _dump(outputs: Outputs) -> list[dict[str, Any]]:
-    return [o.model_dump(mode="json") for o in outputs]
+_OUTPUTS: TypeAdapter[Outputs] = TypeAdapter(Outputs)
 
 
-def _load(doc: Any) -> Outputs:
-    return [OcrOutput.model_validate(d) for d in doc]
+def _dump(outputs: Outputs) -> bytes:
+    """One JSON serialization per entry, shared by the durable and the hot copy."""
+    return _OUTPUTS.dump_json(outputs)
+
+
+def _load(raw: bytes) -> Outputs:
+    return _OUTPUTS.validate_json(raw)
 
 
 class ResultCache:
-    def __init__(self, redis: Any, store: ResultStore, ttl: int, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, redis: Any, store: ResultStore, ttl: int) -> None:
         self.redis = redis
         self.store = store
         self.ttl = ttl
-        self.pool = pool
 
     def get_many(self, cache_keys: Sequence[str]) -> dict[str, Outputs]:
         unique = list(dict.fromkeys(cache_keys))
@@ -43,12 +47,12 @@ class ResultCache:
             raw = self.redis.mget([keys.cache(k) for k in unique])
         except Exception as exc:  # redis.ConnectionError and friends
             raise StorageUnavailable(f"redis cache read: {exc}") from exc
-        found = {k: _load(json.loads(v)) for k, v in zip(unique, raw, strict=True) if v}
+        found = {k: _load(v) for k, v in zip(unique, raw, strict=True) if v}
         misses = [k for k in unique if k not in found]
-        docs = list(self.pool.map(lambda k: self.store.get_json(keys.cache_object(k)), misses))
-        warm = {k: _load(d) for k, d in zip(misses, docs, strict=True) if d is not None}
+        docs = self.store.get_many((keys.cache_object(k) for k in misses), raw=True) if misses else {}
+        warm = {k: _load(d) for k in misses if (d := docs.get(keys.cache_object(k))) is not None}
         if warm:
-            self._set_redis(warm)
+            self._set_redis({k: docs[keys.cache_object(k)] for k in warm})
         found.update(warm)
         return found
 
@@ -56,15 +60,15 @@ class ResultCache:
         """Durable copy first, then the hot copy (a hot entry always has a durable one)."""
         if not entries:
             return
-        list(self.pool.map(lambda kv: self.store.put_json(keys.cache_object(kv[0]), _dump(kv[1])),
-                           entries.items()))
-        self._set_redis(entries)
+        encoded = {k: _dump(outs) for k, outs in entries.items()}
+        self.store.put_many([(keys.cache_object(k), raw) for k, raw in encoded.items()])
+        self._set_redis(encoded)
 
-    def _set_redis(self, entries: Mapping[str, Outputs]) -> None:
+    def _set_redis(self, encoded: Mapping[str, bytes]) -> None:
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for k, outs in entries.items():
-                pipe.set(keys.cache(k), json.dumps(_dump(outs), separators=(",", ":")), ex=self.ttl)
+            for k, raw in encoded.items():
+                pipe.set(keys.cache(k), raw, ex=self.ttl)
             pipe.execute()
         except Exception as exc:
             raise StorageUnavailable(f"redis cache write: {exc}") from exc

@@ -19,6 +19,7 @@ from ocrq.settings import BatchSettings, Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.costs import ModelProfile
+from worker.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
 from worker.metrics import WorkerMetrics
 
@@ -41,6 +42,8 @@ class WorkerContext:
     loop: Any  # worker.batcher.EngineLoop
     fetch_pool: ThreadPoolExecutor
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    #: decodes fetched bytes into pages (worker.decode; None: in the calling thread)
+    decoder: Decoder | None = None
     #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
     governor_key: str | None = None
     _saved_observations: int = -1
@@ -51,14 +54,32 @@ class WorkerContext:
         """Send a page to the engine loop unless the same content is already in flight here
         (two refs with the same bytes in flight at once run the engine once). Returns the
         future and whether it was shared (the engine did not run for this request)."""
+        return self.submit_once_many([(key, request)])[0]
+
+    def submit_once_many(self, pages: list[tuple[str, OcrRequest]]) -> list[tuple[Future[OcrOutput], bool]]:
+        """``submit_once`` for a chunk's pages at once: one hand-off to the engine loop (one
+        wake-up of its thread) instead of one per page. A key twice in ``pages`` runs once."""
+        new_keys: list[str] = []
+        new_requests: list[OcrRequest] = []
+        slots: list[tuple[Future[OcrOutput] | None, int, bool]] = []  # (in-flight future | new index, shared)
         with self._lock:
-            fut = self._inflight.get(key)
-            if fut is not None:
-                return fut, True
-            fut = self.loop.submit(request)
-            self._inflight[key] = fut
-        fut.add_done_callback(lambda _f: self._forget(key))
-        return fut, False
+            first: dict[str, int] = {}
+            for key, request in pages:
+                fut = self._inflight.get(key)
+                if fut is not None:
+                    slots.append((fut, -1, True))
+                elif key in first:
+                    slots.append((None, first[key], True))
+                else:
+                    first[key] = len(new_requests)
+                    new_keys.append(key)
+                    new_requests.append(request)
+                    slots.append((None, first[key], False))
+            futures = self.loop.submit_many(new_requests) if new_requests else []
+            self._inflight.update(zip(new_keys, futures, strict=True))
+        for key, fut in zip(new_keys, futures, strict=True):
+            fut.add_done_callback(lambda _f, k=key: self._forget(k))
+        return [(fut if fut is not None else futures[j], shared) for fut, j, shared in slots]
 
     def _forget(self, key: str) -> None:
         with self._lock:
@@ -66,12 +87,14 @@ class WorkerContext:
 
     def save_governor(self) -> None:
         """Persist what the governor learned, when it learned something new (the key's TTL is
-        refreshed then too)."""
+        refreshed then too). Workers on identical GPUs share the key (docs/gpu.md): the snapshot
+        that has seen the most batches stays, so a worker that started cold next to a warm one
+        does not replace the warm one's learning with its first few batches."""
         governor = self.loop.governor
         seen = governor.calibrator.observations
         if self.governor_key is None or seen in (0, self._saved_observations):
             return
-        self.redis.set(self.governor_key, json.dumps(governor.snapshot()), ex=keys.GOVERNOR_PROFILE_TTL_S)
+        save_snapshot(self.redis, self.governor_key, governor.snapshot(), seen)
         self._saved_observations = seen
 
     def close(self) -> None:
@@ -79,6 +102,34 @@ class WorkerContext:
         self.loop.stop(timeout=30)
         self.engine.close()
         self.fetch_pool.shutdown(wait=False, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.close()
+
+
+#: SET the snapshot unless the stored one has seen more batches (then only refresh its TTL).
+#: Unreadable stored data is replaced. KEYS[1] snapshot key; ARGV: json, observations, ttl seconds
+_SAVE_IF_MORE_INFORMED = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, snap = pcall(cjson.decode, cur)
+  if ok and type(snap) == 'table' and type(snap['calibration']) == 'table' then
+    local stored = tonumber(snap['calibration']['observations'])
+    if stored and stored > tonumber(ARGV[2]) then
+      redis.call('EXPIRE', KEYS[1], ARGV[3])
+      return 0
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+
+def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations: int) -> bool:
+    """Store a governor snapshot unless the key holds one that has seen more batches (one atomic
+    script, so two workers saving at once cannot interleave). Returns whether it was written."""
+    return bool(client.eval(_SAVE_IF_MORE_INFORMED, 1, key, json.dumps(snapshot), observations,
+                            keys.GOVERNOR_PROFILE_TTL_S))
 
 
 def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
@@ -112,11 +163,12 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)
     pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
+    decoder = make_decoder(settings.limits)
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
-        cache=ResultCache(client, store, settings.redis.cache_ttl, pool),
+        cache=ResultCache(client, store, settings.redis.cache_ttl),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key, metrics=metrics,
+        governor_key=governor_key, metrics=metrics, decoder=decoder,
     )
 
 

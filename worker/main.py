@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import Any
 
@@ -11,6 +12,7 @@ from celery import signals
 from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker.context import WorkerContext, build_context
+from worker.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
 from worker.tasks import register_tasks
@@ -20,6 +22,7 @@ log = logging.getLogger("ocrq.worker")
 
 def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname: str | None = None,
                concurrency: int | None = None) -> None:
+    pin_pci_order(os.environ)  # before any engine initialises CUDA
     app = make_celery(settings)
     holder: dict[str, WorkerContext] = {}
 
@@ -28,7 +31,8 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
 
     register_tasks(app, get_ctx)
     conc = concurrency or settings.queue.concurrency
-    app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc))
+    app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc,
+                                                 queues=queues or [settings.queue.name]))
     app.steps["consumer"].add(make_reaper_step(
         lambda: ctx.redis if (ctx := holder.get("ctx")) else None,
         settings.redis.dead_worker_s, settings.redis.reaper_interval_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,8 +44,9 @@ def visible_device(env: Mapping[str, str]) -> str | None:
     """The device this process's CUDA device 0 is, as CUDA_VISIBLE_DEVICES names it: an index
     ("0"), a UUID or UUID prefix ("GPU-…", "MIG-…"); "0" when unset; None when it hides all GPUs.
 
-    NVML numbers devices in PCI bus order; CUDA does too with CUDA_DEVICE_ORDER=PCI_BUS_ID, and on
-    the identical GPUs of one host its default order agrees. UUIDs are exact either way."""
+    NVML numbers devices in PCI bus order; CUDA does too with CUDA_DEVICE_ORDER=PCI_BUS_ID, which
+    ``ocrq worker`` sets unless the environment already chose an order (``pin_pci_order``), so an
+    index means the same GPU to both. UUIDs (what ``ocrq up --gpus`` passes) are exact either way."""
     raw = env.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return "0"
@@ -53,6 +54,14 @@ def visible_device(env: Mapping[str, str]) -> str | None:
     if not first or first.startswith("-") or first.lower() in ("none", "void", "nodevfiles"):
         return None
     return first
+
+
+def pin_pci_order(env: MutableMapping[str, str]) -> None:
+    """Make CUDA number GPUs as NVML and nvidia-smi do (PCI bus order) unless the operator chose an
+    order. CUDA's default (fastest first) can differ on a host with mixed GPUs, and then index
+    ``1`` in CUDA_VISIBLE_DEVICES would be one GPU to CUDA and another to this probe. Called before
+    anything initialises CUDA (the variable is read once, at initialisation)."""
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 class NvmlProbe:
@@ -71,9 +80,14 @@ class NvmlProbe:
     @classmethod
     def for_current_device(cls, env: Mapping[str, str] | None = None) -> MemoryProbe:
         """A probe for the GPU this process's CUDA device 0 is, or a ``NullProbe``."""
-        device = visible_device(os.environ if env is None else env)
+        env = os.environ if env is None else env
+        device = visible_device(env)
         if device is None:
             return NullProbe()
+        if device.isdigit() and env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID") != "PCI_BUS_ID":
+            log.warning("CUDA_VISIBLE_DEVICES=%s with CUDA_DEVICE_ORDER=%s: CUDA's index may name another "
+                        "GPU than NVML's on a mixed host; memory is read from NVML device %s (use a UUID "
+                        "to be exact)", env.get("CUDA_VISIBLE_DEVICES"), env["CUDA_DEVICE_ORDER"], device)
         try:
             import pynvml
         except ImportError:
@@ -119,13 +133,30 @@ class NvmlProbe:
             return self._nvml.nvmlDeviceGetHandleByUUID(uuid)
         except Exception:
             # CUDA accepts unique UUID prefixes; NVML wants the whole UUID: match by enumeration
-            for index in range(int(self._nvml.nvmlDeviceGetCount())):
-                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+            # (GPUs, and the MIG instances of GPUs in MIG mode)
+            for handle in self._all_handles():
                 full = self._nvml.nvmlDeviceGetUUID(handle)
                 full = full.decode() if isinstance(full, bytes) else str(full)
                 if full.startswith(uuid):
                     return handle
             raise
+
+    def _all_handles(self) -> list[Any]:
+        nvml = self._nvml
+        handles = []
+        for index in range(int(nvml.nvmlDeviceGetCount())):
+            gpu = nvml.nvmlDeviceGetHandleByIndex(index)
+            handles.append(gpu)
+            try:
+                slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(gpu))
+            except Exception:  # not MIG-capable, or an NVML without MIG calls
+                slots = 0
+            for slot in range(slots):
+                try:
+                    handles.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, slot))
+                except Exception:  # an empty slot
+                    continue
+        return handles
 
     def close(self) -> None:
         with self._lock:

@@ -7,6 +7,13 @@ governor's desired backlog of images (≈ two micro-batches), never more than ``
 So a slow worker does not hoard the queue (two workers on one queue both get work) and a fast
 one never starves its engine. Messages held for a retry countdown (ETA) are added on top, since
 Celery counts them as unacked too.
+
+With several workers on a queue (``ocrq:consumers:{queue}``), a worker reserves at most an
+equal share of the work there is (messages every worker holds unacked + the queue's ready ones),
+never less than an equal share of its own window. So a job submitted to idle GPUs is split
+evenly, not by who polled first or who happened to start a small batch. A worker that reserved
+its whole share up front cannot be left holding the tail while its peer idles. One worker: the
+governor's window, unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import logging
 import math
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +41,43 @@ def desired_prefetch(backlog_images: int, chunk_size: int, concurrency: int, eta
     return max(1, min(concurrency, chunks)) + eta_held
 
 
+def fair_share(want: int, unacked: int, ready: int, consumers: int) -> int:
+    """Messages to reserve with ``consumers`` workers on the queue: ``want`` capped at an equal
+    share of the work there is (``unacked``: held by all workers, ``ready``: in the queue), but
+    never below an equal share of ``want`` (idle workers take a fresh job in equal parts)."""
+    if consumers <= 1:
+        return want
+    share = max(math.ceil(want / consumers), math.ceil((unacked + ready) / consumers))
+    return max(1, min(want, share))
+
+
+#: a consumer that has not refreshed its entry for this long no longer counts
+CONSUMER_STALE_S = 10
+
+
+def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tuple[int, int, int]:
+    """Register this worker as a consumer of ``queues``; return (messages held unacked by all
+    workers, ready messages in ``queues``, live consumers of the most shared one)."""
+    from ocrq.metrics import queue_depth
+    from worker.reaper import UNACKED
+
+    pipe = redis.pipeline(transaction=False)
+    for queue in queues:
+        key = keys.queue_consumers(queue)
+        pipe.zadd(key, {hostname: now})
+        pipe.zremrangebyscore(key, "-inf", now - CONSUMER_STALE_S)
+        pipe.zcard(key)
+        pipe.expire(key, keys.QUEUE_CONSUMERS_TTL_S)
+    pipe.hlen(UNACKED)
+    replies = pipe.execute()
+    consumers = max(int(replies[i * 4 + 2]) for i in range(len(queues)))
+    return int(replies[-1]), sum(queue_depth(redis, q) for q in queues), consumers
+
+
 def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, concurrency: int,
-                       interval: float = 1.0) -> type[bootsteps.StartStopStep]:
-    """``get_state`` returns the worker context once it is built (None before)."""
+                       interval: float = 1.0, queues: list[str] | None = None) -> type[bootsteps.StartStopStep]:
+    """``get_state`` returns the worker context once it is built (None before); ``queues`` are the
+    ones this worker consumes (None: no fair share, the window is the governor's alone)."""
 
     class GovernorPrefetch(bootsteps.StartStopStep):
         requires = {"celery.worker.consumer.tasks:Tasks"}
@@ -57,8 +99,16 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
             ctx = get_state()
             if ctx is None or c.qos is None:
                 return
-            eta_held = sum(1 for r in list(worker_state.reserved_requests) if getattr(r, "eta", None))
-            want = desired_prefetch(ctx.loop.desired_backlog(), chunk_size, concurrency, eta_held)
+            reserved = list(worker_state.reserved_requests)
+            eta_held = sum(1 for r in reserved if getattr(r, "eta", None))
+            want = desired_prefetch(ctx.loop.desired_backlog(), chunk_size, concurrency, 0)
+            if queues:
+                try:
+                    unacked, ready, consumers = queue_peers(ctx.redis, queues, self.hostname, time.time())
+                    want = fair_share(want, unacked, ready, consumers)
+                except Exception:  # Redis away: the governor's window alone
+                    log.debug("queue peers unavailable", exc_info=True)
+            want += eta_held
             with c.qos._mutex:
                 if c.qos.value != want:
                     log.debug("prefetch %s -> %s", c.qos.value, want)

@@ -1,6 +1,6 @@
 """The chunk task: the life of a message, top to bottom.
 
-    fetch → validate (decode) → cache check → plan batch + infer (engine loop) → store → ack
+    fetch + hash → cache check → decode (misses only) → plan batch + infer (engine loop) → store → ack
     (→ the job's export, by whichever chunk finishes the job: ``finish_job``, ocrq.export)
 
 ``process_chunk`` makes ONE attempt at every image of a chunk and reports per image; the retry
@@ -22,37 +22,18 @@ from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 
 from ocrq import keys
-from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.errors import EngineTimeout, OcrqError, TooLarge, classify
 from ocrq.export import export_job, request_export
-from ocrq.fetch import fetch
-from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item
+from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, chunk_argsrepr, message_bytes
+from ocrq.redact import redact_url
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
-from worker.images import Page, decode, sha256_hex
+from worker.fanout import fan_out
+from worker.prepare import Prepared, assemble, decode_miss, on_page, prepare
 from worker.retry import backoff, final_error
 
 log = logging.getLogger("ocrq.task")
-
-
-@dataclass
-class Unit:
-    """What one cache entry covers: a whole image file (all its frames), or one PDF page."""
-
-    cache_key: str
-    pages: list[Page]
-
-
-@dataclass
-class Prepared:
-    item: Item
-    sha256: str
-    units: list[Unit]
-
-    @property
-    def cache_key(self) -> str | None:
-        """The file's cache key (None for a PDF: each page has its own, in its output's meta)."""
-        return self.units[0].cache_key if len(self.units) == 1 and self.units[0].pages[0].digest is None else None
 
 
 #: failed images named one by one in a chunk's result (Flower's task page); the rest are counted
@@ -71,7 +52,7 @@ class ChunkReport:
 
     def fail(self, item: Item, err: OcrqError) -> None:
         self.failed += 1
-        self.failures.append((item.ref, type(err).__name__, str(err)))
+        self.failures.append((redact_url(item.ref), type(err).__name__, err.to_dict()["message"]))
 
     def summary(self) -> dict[str, Any]:
         """The chunk task's result, as Flower's task list and task page show it: ``outcome``
@@ -94,55 +75,59 @@ class ChunkReport:
         return out
 
 
-def _prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
-    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
-    pages = decode(data, ctx.settings.limits)
-    sha = sha256_hex(data)
-
-    def key(content: str) -> str:
-        return keys.cache_key(content, ctx.engine.revision, chunk.task, chunk.params)
-
-    if all(pg.digest for pg in pages):  # PDF pages: cached page by page, by their pixels
-        return Prepared(item, sha, [Unit(key(pg.digest or ""), [pg]) for pg in pages])
-    return Prepared(item, sha, [Unit(key(sha), pages)])
-
-
 def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:  # noqa: C901
     t0 = time.monotonic()
     tag = f"job={chunk.job} n={len(chunk.items)}"
     ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
 
-    # 1-2. fetch + validate: bytes, decode, hash — in the fetch pool, overlapping other chunks' inference
-    futures = {it.id: ctx.fetch_pool.submit(_prepare, ctx, chunk, it) for it in chunk.items}
+    # 1. fetch + hash (PDFs rendered: their pages are the cache units) — in the fetch pool, a few
+    # groups per chunk (worker.fanout), overlapping other chunks' inference
+    threads = ctx.settings.limits.fetch_threads
     prepared: dict[str, Prepared] = {}
     errors: dict[str, OcrqError] = {}
-    for item_id, fut in futures.items():
-        try:
-            prepared[item_id] = fut.result()
-        except Exception as exc:  # typed errors from refs/images; anything else is classified
-            errors[item_id] = classify(exc)
+    fetched = fan_out(ctx.fetch_pool, threads, lambda it: prepare(ctx, chunk, it), chunk.items)
+    for it, outcome in zip(chunk.items, fetched, strict=True):
+        if isinstance(outcome, Exception):  # typed errors from refs/documents; anything else is classified
+            errors[it.id] = classify(outcome)
+        else:
+            prepared[it.id] = outcome
     log.info("→ fetch %s ok=%d bad=%d %.2fs", tag, len(prepared), len(errors), time.monotonic() - t0)
 
-    # 3. cache check: one MGET for the chunk (files, and PDF pages one by one); hits never reach the engine
+    # 2. cache check: one MGET for the chunk (files, and PDF pages one by one); hits are neither
+    # decoded nor sent to the engine
     units = [(item_id, n, unit) for item_id, prep in prepared.items() for n, unit in enumerate(prep.units)]
     hits = ctx.cache.get_many([unit.cache_key for _, _, unit in units])
     n_hits = sum(unit.cache_key in hits for _, _, unit in units)
     ctx.metrics.observe_cache(n_hits, len(units) - n_hits)
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
 
-    # 4. plan + infer: every page goes to the engine loop, whose governor forms the micro-batches
+    # 3. validate (decode) the plain images that missed, in the fetch pool and through the
+    # isolated decoder (worker.decode); a bad image fails here, typed
+    misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in hits]
+    for p in prepared.values():
+        if p.data and p.units[0].cache_key in hits:
+            p.data = b""  # a hit is never decoded: its bytes can go now
+    for prep, bad in zip(misses, fan_out(ctx.fetch_pool, threads, lambda p: decode_miss(ctx, p), misses),
+                         strict=True):
+        if isinstance(bad, Exception):
+            errors[prep.item.id] = classify(bad)
+
+    # 4. plan + infer: every page goes to the engine loop (one hand-off for the chunk), whose
+    # governor forms the micro-batches
     t1 = time.monotonic()
-    pending: dict[tuple[str, int], list[Future[OcrOutput]]] = {}
-    shared: set[tuple[str, int]] = set()  # same content already in flight: the engine runs once, this is a hit
-    for item_id, n, unit in units:
-        if unit.cache_key not in hits:
-            subs = [ctx.submit_once(f"{unit.cache_key}#{i}",
-                                    OcrRequest(f"{item_id}#{pg.index}", pg.image, chunk.task, chunk.params,
-                                               priority=chunk.priority))
-                    for i, pg in enumerate(unit.pages)]
-            pending[(item_id, n)] = [f for f, _ in subs]
-            if all(was_shared for _, was_shared in subs):
-                shared.add((item_id, n))
+    todo = [(i, n, unit) for i, n, unit in units if unit.cache_key not in hits and i not in errors]
+    to_run = [(i, n, k, unit.cache_key, pg) for i, n, unit in todo for k, pg in enumerate(unit.pages)]
+    submitted = ctx.submit_once_many([
+        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, chunk.task, chunk.params,
+                                   priority=chunk.priority))
+        for i, _, k, key, pg in to_run])
+    pending: dict[tuple[str, int], list[Future[OcrOutput]]] = {(i, n): [] for i, n, _ in todo}
+    # same content already in flight (here or in another chunk): the engine runs once, the rest are hits
+    all_shared = dict.fromkeys(pending, True)
+    for (i, n, _, _, _), (fut, was_shared) in zip(to_run, submitted, strict=True):
+        pending[(i, n)].append(fut)
+        all_shared[(i, n)] = all_shared[(i, n)] and was_shared
+    shared = {u for u, was in all_shared.items() if was}
     computed: dict[tuple[str, int], list[OcrOutput]] = {}
     # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
     # an image still in the engine then is retried (its retry joins the same in-flight future)
@@ -151,8 +136,10 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
         if item_id in errors:  # another page of this document already failed
             continue
         try:
-            computed[(item_id, n)] = [f.result(timeout=max(0.0, deadline - time.monotonic()))
-                                      for f in page_futures]
+            computed[(item_id, n)] = [
+                on_page(f.result(timeout=max(0.0, deadline - time.monotonic())), pg.index)
+                for f, pg in zip(page_futures, prepared[item_id].units[n].pages, strict=True)
+            ]
         except FutureTimeout:
             errors[item_id] = EngineTimeout(f"no engine result within {ctx.settings.queue.time_limit}s")
         except Exception as exc:
@@ -162,13 +149,13 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
 
     # 5. store: cache entries (durable + hot), one result document per image, then the job index
     # (pages computed for a document whose other page failed are cached too: its retry hits them)
-    fresh = {prepared[i].units[n].cache_key: [o.model_copy(update={"page": pg.index}) for o, pg in
-                                              zip(outs, prepared[i].units[n].pages, strict=True)]
-             for (i, n), outs in computed.items() if (i, n) not in shared}
-    ctx.cache.put_many(fresh)
+    # (the outputs carry their page numbers: a cache entry is stored as computed, no copies)
+    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
+                        for (i, n), outs in computed.items() if (i, n) not in shared})
     report = ChunkReport()
     records: list[ImageRecord] = []
     docs: list[ImageResult] = []
+    max_pages = ctx.settings.limits.max_pages
     for item in chunk.items:
         got = prepared.get(item.id)
         if item.id in errors:
@@ -177,20 +164,21 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
                 docs.append(ImageResult(record=rec))
         else:
             assert got is not None
-            outs, cached = _assemble(item.id, got, hits, computed, shared)
+            mine = {n for i, n in computed if i == item.id}
+            outs, cached = assemble(got, hits, {n: computed[(item.id, n)] for n in mine},
+                                    {n for n in mine if (item.id, n) in shared}, max_pages)
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
-                          worker=worker)
-            if not cached:
-                rec = rec.model_copy(update=_engine_share(outs))
+                          worker=worker, **({} if cached else _engine_share(outs)))
             report.done += 1
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    writes = [(keys.result_object(d.record.job, d.record.id), d.model_dump(mode="json")) for d in docs]
+    writes: list[tuple[str, Any]] = [(keys.result_object(d.record.job, d.record.id), d.model_dump_json().encode())
+                                     for d in docs]
     # the failed registry's durable mirror: losing Redis does not lose what failed
     writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
-    list(ctx.fetch_pool.map(lambda w: ctx.store.put_json(*w), writes))
+    ctx.store.put_many(writes)
     ctx.index.record(records)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
@@ -227,33 +215,14 @@ def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
         report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
 
 
-def _assemble(item_id: str, prep: Prepared, hits: dict[str, list[OcrOutput]],
-              computed: dict[tuple[str, int], list[OcrOutput]],
-              shared: set[tuple[str, int]]) -> tuple[list[OcrOutput], bool]:
-    """An image's outputs in page order, and whether none of them ran the engine for it."""
-    outs: list[OcrOutput] = []
-    cached = True
-    for n, unit in enumerate(prep.units):
-        if unit.cache_key in hits:
-            source = hits[unit.cache_key]
-        else:
-            source = computed[(item_id, n)]
-            cached = cached and (item_id, n) in shared
-        # a cached file entry may hold fewer frames than max_pages now allows: it is used as is
-        for out, pg in zip(source, unit.pages, strict=False):
-            meta = {**out.meta, "cache_key": unit.cache_key} if pg.digest else out.meta
-            outs.append(out.model_copy(update={"page": pg.index, "meta": meta}))
-    return outs, cached
-
-
 def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
             prep: Prepared | None = None, cached: bool = False, pages: int = 0,
-            worker: str | None = None) -> ImageRecord:
+            worker: str | None = None, **engine: Any) -> ImageRecord:
     return ImageRecord(
-        id=item.id, job=chunk.job, ref=item.ref, status=status, attempts=item.attempt,
+        id=item.id, job=chunk.job, ref=redact_url(item.ref), status=status, attempts=item.attempt,
         cached=cached, pages=pages, worker=worker, row=item.row,
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
-        error=ErrorInfo(**error.to_dict()) if error else None,
+        error=ErrorInfo(**error.to_dict()) if error else None, **engine,
     )
 
 
@@ -273,7 +242,10 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     def ocr_chunk(self: Task, message: dict[str, Any]) -> dict[str, Any]:
         chunk = Chunk.model_validate(message)
         ctx = get_ctx()
+        size, cap = message_bytes(message), ctx.settings.queue.max_message_bytes
         try:
+            if size > cap:  # not from our producer (it refuses these): fail its images, typed
+                raise TooLarge(f"chunk message of {size} bytes exceeds queue.max_message_bytes ({cap})")
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
@@ -287,7 +259,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         if report.retry:
             retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
             try:
-                self.retry(args=(retry_msg,), countdown=report.countdown)  # raises Retry
+                self.retry(args=(retry_msg,), countdown=report.countdown,  # raises Retry
+                           argsrepr=chunk_argsrepr(retry_msg))
             except Retry:
                 raise
             except Exception as exc:
@@ -316,13 +289,25 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
     log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
     report = ChunkReport()
     records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
+    failed = [rec for rec in records if rec.status is ImageStatus.failed]
+    try:
+        ctx.store.put_many([(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
+                            for rec in failed] + [(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
+                                                  for rec in failed])
+    except Exception as exc:
+        # the final failures cannot be written (the store is what is down): acking them now would
+        # leave them "running" for good. They go back as they are, their attempt not counted
+        # again: the next attempt records them, or succeeds if the store is back.
+        log.warning("! could not store the failure of %d image(s) of job=%s, handed back: %s",
+                    len(failed), chunk.job, exc)
+        back = {rec.id for rec in failed}
+        report.retry += [it for it in chunk.items if it.id in back]
+        report.failed, report.failures = 0, []
+        records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) if it.id in back else rec
+                   for it, rec in zip(chunk.items, records, strict=True)]
     _set_countdown(ctx, report)
     ctx.metrics.observe_records(chunk.task, records)
     try:
-        for rec in records:
-            if rec.status is ImageStatus.failed:
-                ctx.store.put_json(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
-                ctx.store.put_json(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
         ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)

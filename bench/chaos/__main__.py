@@ -7,6 +7,12 @@ exit status 1 on any lost, duplicated or untrue record.
     s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
     oom     10% of engine batches raise a CUDA-style OOM
     all     kill + redis + s3 + oom at once
+    decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
+            RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
+            no worker process dies (worker.decode isolates decoding in child processes)
+    security  Redis with a password over TLS end to end, a pickle message, size caps, and a grep
+            for credentials and presigned signatures in logs, Redis, Flower and the results
+            (bench.chaos.security; 300 images in --quick)
 
 The full form (``make reliability``) runs 2,000 images per scenario with production reaper
 timings (dead_worker_s 60, reaper_interval_s 20); ``--quick`` (``make reliability-quick``, part
@@ -33,13 +39,16 @@ from typing import Any
 import boto3
 import redis
 
-from bench.chaos.stack import CuttableProxy, RedisServer, Workers
+from bench.chaos.poison import poison_special
+from bench.chaos.security import run_security
+from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
 from bench.chaos.verify import Outcome, verify
 from bench.services import free_port
 from ocrq import keys
 from ocrq.settings import Settings
 from producer.client import Client
 from tests.fixtures.images import word_images
+from worker.batcher import OOM_LOG
 
 
 @dataclass
@@ -60,7 +69,7 @@ class Env:
     quick: bool
 
 
-def worker_env(env: Env, sim: dict[str, Any]) -> dict[str, str]:
+def worker_env(env: Env, sim: dict[str, Any], extra: dict[str, str] | None = None) -> dict[str, str]:
     import os
 
     out = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -68,12 +77,13 @@ def worker_env(env: Env, sim: dict[str, Any]) -> dict[str, str]:
            "OCRQ_STORE__KIND": "s3", "OCRQ_STORE__BUCKET": env.bucket,
            "OCRQ_STORE__ENDPOINT_URL": f"http://127.0.0.1:{env.s3_proxy.port}",
            "OCRQ_STORE__ACCESS_KEY_ID": "testing", "OCRQ_STORE__SECRET_ACCESS_KEY": "testing",
-           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(env.images)]),
+           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(env.images), str(env.root / "poison")]),
            "OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(sim),
            "OCRQ_BATCH__MODE": "auto", "OCRQ_QUEUE__CHUNK_SIZE": "16", "OCRQ_LOG_LEVEL": "WARNING"}
     if env.quick:
         out.update({"OCRQ_REDIS__DEAD_WORKER_S": "6", "OCRQ_REDIS__REAPER_INTERVAL_S": "2"})
     out.pop("OCRQ_CONFIG", None)
+    out.update(extra or {})
     return out
 
 
@@ -82,7 +92,7 @@ def client_for(env: Env) -> Client:
         redis={"url": env.redis.url},
         store={"kind": "s3", "bucket": env.bucket, "endpoint_url": f"http://127.0.0.1:{env.s3_proxy.port}",
                "access_key_id": "testing", "secret_access_key": "testing"},
-        limits={"allowed_roots": [env.images]}, queue={"chunk_size": 16},
+        limits={"allowed_roots": [env.images, env.root / "poison"]}, queue={"chunk_size": 16},
     ))
 
 
@@ -136,13 +146,14 @@ def together(*faults: Fault) -> Fault:
 
 
 def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault, timeout_s: float,
-                 kill_delays: bool = False) -> Run:
+                 special: Special | None = None) -> Run:
+    special = special or Special()
     client = client_for(env)
     r = redis.Redis.from_url(env.redis.url)
     r.flushdb()
-    workers = Workers(worker_env(env, sim), env.root / "logs" / name, env.redis.url, n=2)
+    workers = Workers(worker_env(env, sim, special.env), env.root / "logs" / name, env.redis.url, n=2)
     workers.start_all()
-    refs = [str(p) for p in sorted(env.images.iterdir())[:n]]
+    refs = special.refs(env, n) if special.refs else [str(p) for p in sorted(env.images.iterdir())[:n]]
     t0 = time.monotonic()
     job = client.submit(refs, job=f"chaos-{name}", params={"scenario": name})
     ids = {keys.image_id(job.name, ref) for ref in refs}
@@ -170,14 +181,17 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     stop.set()
     thread.join(120)
     time.sleep(2.0)  # the last acks land, and workers publish their state once more
-    ooms = 0
-    for key in r.scan_iter(match=keys.worker_state("*")):
-        ooms += int(json.loads(r.get(key) or "{}").get("oom_events", 0))
     outcome = verify(r, client.index, client.store, job.name, ids, client.settings.queue.name)
     if sim.get("oom_rate"):
-        notes.append(f"{ooms} OOMs counted by the surviving workers' state")
+        # counted from the workers' logs, which a killed worker leaves behind (its published state
+        # dies with it, and a restarted worker starts counting from zero)
+        ooms = sum(p.read_text(errors="replace").count(OOM_LOG) for p in workers.logs.glob("*.log"))
+        notes.append(f"{ooms} OOMs logged by the workers (killed ones included)")
         if ooms == 0:
             outcome.problems.append("no OOM happened")
+    if special.check:
+        records = {rec.id: rec for rec in client.index.scan(job.name)}
+        outcome.problems += special.check(env, workers, records, notes)
     workers.stop_all()
     client.close()
     return Run(name, outcome, wall, notes)
@@ -192,6 +206,11 @@ def table(runs: list[Run]) -> str:
         lines.append(f"| {run.name} | {o.images} | {o.done} | {failed} | {o.lost} | {o.duplicated} |"
                      f" {len(o.problems)} | {run.wall_s:.0f} | {'; '.join(run.notes)} |")
     return "\n".join(lines)
+
+
+def report(run: Run) -> None:
+    print(f"{run.name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
+          f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         ("oom", {"image_latency_s": 0.01, "oom_rate": 0.1}, no_fault),
         ("all", {"image_latency_s": 0.01, "oom_rate": 0.1},
          together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),
+        ("decoder", {"image_latency_s": 0.01}, no_fault),
     ]
+    specials = {"decoder": poison_special()}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     root = Path(tempfile.mkdtemp(prefix="ocrq-chaos-"))
     from moto.server import ThreadedMotoServer
@@ -232,12 +253,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, sim, fault in scenarios:
             if args.only and name not in args.only:
                 continue
-            run = run_scenario(env, name, n, sim, fault, timeout_s=max(300.0, n * 0.5))
+            run = run_scenario(env, name, n, sim, fault, timeout_s=max(300.0, n * 0.5),
+                               special=specials.get(name))
             runs.append(run)
-            print(f"{name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
-                  f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
+            report(run)
     finally:
         server.stop()
+    try:
+        if not args.only or "security" in args.only:
+            t0 = time.monotonic()
+            outcome, notes = run_security(root, images, moto_port, min(n, 300) if args.quick else n)
+            runs.append(run := Run("security", outcome, time.monotonic() - t0, notes))
+            report(run)
+    finally:
         moto.stop()
     print(table(runs))
     bad = [r for r in runs if not r.outcome.ok]

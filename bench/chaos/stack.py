@@ -12,12 +12,26 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from bench.services import free_port
 from ocrq.stack import redis_binary, stop_group, wait_worker_state
+
+
+@dataclass
+class Special:
+    """What a scenario changes beyond its fault: worker settings (env), its refs (from the
+    scenario's env and image count), and a check of the final records by id (appends notes,
+    returns problems)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    refs: Callable[[Any, int], list[str]] | None = None
+    check: Callable[[Any, Workers, dict[str, Any], list[str]], list[str]] | None = None
 
 
 class RedisServer:
@@ -127,6 +141,8 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.names = [f"c{i}" for i in range(n)]
         self.kills = 0
+        #: processes started, first starts and restarts together
+        self.starts = 0
         logs.mkdir(parents=True, exist_ok=True)
 
     def node(self, name: str) -> str:
@@ -139,6 +155,7 @@ class Workers:
              f"{name}@%h"], env=self.env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         self.procs[name] = proc
+        self.starts += 1
         wait_worker_state(self.redis_url, self.node(name), 300, lambda: proc.poll() is None,
                           lambda: str(log))
 

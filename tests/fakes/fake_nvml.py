@@ -29,9 +29,13 @@ class FakeNVMLError(Exception):
 
 @dataclass
 class FakePynvmlModule:
-    """Enough of pynvml's API for ``NvmlProbe``: devices are (uuid, total, used) triples."""
+    """Enough of pynvml's API for ``NvmlProbe`` and ``ocrq.gpus.list_gpus``: devices are
+    (uuid, total, used) triples in NVML's (PCI) order; ``mig`` maps a device index to its MIG
+    instances, (uuid, total, used) each, whose handles are ("mig", device, slot)."""
 
     devices: list[tuple[str, int, int]]
+    mig: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    name: str = "NVIDIA H200"
     fail_init: bool = False
     #: the next this-many memory reads raise (a driver hiccup), then reads work again
     fail_reads: int = 0
@@ -54,18 +58,35 @@ class FakePynvmlModule:
             raise FakeNVMLError("Invalid Argument")
         return index
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        # whole GPU UUIDs only: the probe must find MIG instances and UUID prefixes itself
         for index, (full, _, _) in enumerate(self.devices):
             if full == uuid:
                 return index
         raise FakeNVMLError("Not Found")
 
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        return self.devices[handle][0].encode()
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        return len(self.mig.get(handle, []))
 
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, slot: int) -> Any:
+        if slot >= len(self.mig.get(handle, [])):
+            raise FakeNVMLError("Not Found")
+        return ("mig", handle, slot)
+
+    def _device(self, handle: Any) -> tuple[str, int, int]:
+        if isinstance(handle, tuple):
+            return self.mig[handle[1]][handle[2]]
+        return self.devices[handle]
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> bytes:
+        return self._device(handle)[0].encode()
+
+    def nvmlDeviceGetName(self, handle: Any) -> bytes:
+        return self.name.encode()
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
         if self.fail_reads > 0:
             self.fail_reads -= 1
             raise FakeNVMLError("GPU is lost")
-        _, total, used = self.devices[handle]
+        _, total, used = self._device(handle)
         return SimpleNamespace(total=total, free=total - used, used=used)

@@ -142,3 +142,27 @@ def test_ops_configs_agree_with_each_other() -> None:
     scaled = next(d for d in keda if d["kind"] == "ScaledObject")
     assert scaled["spec"]["minReplicaCount"] == 0
     assert {t["type"] for t in scaled["spec"]["triggers"]} == {"redis", "prometheus"}
+
+
+def test_compose_runs_one_worker_per_gpu() -> None:
+    # Given the GPU workers of docker-compose.yml (the `gpu` profile)
+    compose = _compose()
+    gpu = {name: svc for name, svc in compose["services"].items() if "gpu" in svc.get("profiles", [])}
+    assert set(gpu) >= {"worker-gpu0", "worker-gpu1"}
+    devices, nodes, ports = [], [], []
+    for name, svc in sorted(gpu.items()):
+        (reserved,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        (device,) = reserved["device_ids"]  # exactly one GPU each
+        devices.append(device)
+        env = _environment(svc)
+        # the runtime shows a container its one GPU as device 0
+        assert env["CUDA_VISIBLE_DEVICES"] == "0", name
+        command = svc["command"]
+        nodes.append(command[command.index("--name") + 1])
+        ports.append(env.get("OCRQ_METRICS_PORT", compose["x-ocrq-env"]["OCRQ_METRICS_PORT"]))
+        assert nodes[-1] == f"gpu{device}@%h" and ports[-1] == str(9809 + int(device)), name
+    # Then no GPU, node name or metrics port is used twice, and Prometheus scrapes each one
+    assert len(set(devices)) == len(devices) and len(set(nodes)) == len(nodes) and len(set(ports)) == len(ports)
+    prom = yaml.safe_load((ROOT / "ops" / "prometheus.yml").read_text())
+    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    assert {f"{name}:{port}" for name, port in zip(sorted(gpu), ports, strict=True)} <= targets

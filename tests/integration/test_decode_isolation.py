@@ -1,0 +1,95 @@
+"""worker.decode.IsolatedDecoder with real child processes: a decoder that aborts or hangs on a
+file costs that image (DecoderCrashed), never the caller, and the images decoding beside it."""
+
+from __future__ import annotations
+
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from PIL import Image, PngImagePlugin
+
+from ocrq.errors import BadImage, DecoderCrashed
+from ocrq.settings import LimitSettings
+from worker.decode import FAULT_ABORT, FAULT_HANG, InProcessDecoder, IsolatedDecoder
+from worker.images import decode
+
+pytestmark = pytest.mark.integration
+
+
+def png(seed: int, text: bytes = b"") -> bytes:
+    img = Image.new("RGB", (64, 32), (seed % 256, 80, 160))
+    info = PngImagePlugin.PngInfo()
+    if text:
+        info.add_text("comment", text.decode())
+    out = io.BytesIO()
+    img.save(out, "PNG", pnginfo=info)
+    return out.getvalue()
+
+
+@pytest.fixture()
+def limits() -> LimitSettings:
+    return LimitSettings(decode_processes=2, decode_timeout_s=2.0, decode_fault_markers=True)
+
+
+def test_same_pages_as_in_process(limits: LimitSettings) -> None:
+    dec = IsolatedDecoder(limits)
+    try:
+        data = png(7)
+        got, want = dec.decode(data), decode(data, limits)
+        assert [(p.index, p.width, p.height, p.scale) for p in got] == [(p.index, p.width, p.height, p.scale)
+                                                                        for p in want]
+        assert got[0].image.tobytes() == want[0].image.tobytes()
+        with pytest.raises(BadImage):  # typed errors cross the process boundary as themselves
+            dec.decode(b"not an image at all")
+    finally:
+        dec.close()
+
+
+def test_abort_costs_one_image_and_the_child_is_replaced(limits: LimitSettings) -> None:
+    dec = IsolatedDecoder(limits)
+    try:
+        pids = {c.proc.pid for c in dec._children}
+        goods = [png(i) for i in range(40)]
+        with ThreadPoolExecutor(4) as pool:
+            bad = pool.submit(dec.decode, png(99, FAULT_ABORT))
+            ok = list(pool.map(dec.decode, goods))
+            with pytest.raises(DecoderCrashed, match="SIGABRT"):
+                bad.result()
+        assert len(ok) == 40 and all(len(pages) == 1 for pages in ok)
+        assert dec.crashes == 1
+        assert len(dec._children) == 2 and {c.proc.pid for c in dec._children} != pids
+        assert all(c.proc.is_alive() for c in dec._children)
+        assert dec.decode(png(1))[0].width == 64  # still serving
+    finally:
+        dec.close()
+
+
+def test_hang_is_killed_after_the_timeout(limits: LimitSettings) -> None:
+    dec = IsolatedDecoder(limits)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DecoderCrashed, match="hung"):
+            dec.decode(png(3, FAULT_HANG))
+        assert 2.0 <= time.monotonic() - t0 < 10
+        assert dec.crashes == 1 and dec.decode(png(4))[0].height == 32
+    finally:
+        dec.close()
+
+
+def test_markers_are_inert_unless_enabled() -> None:
+    plain = LimitSettings(decode_processes=1)
+    dec = IsolatedDecoder(plain)
+    try:
+        assert dec.decode(png(5, FAULT_ABORT))[0].width == 64
+    finally:
+        dec.close()
+    assert InProcessDecoder(plain).decode(png(5, FAULT_HANG))[0].width == 64
+
+
+def test_close_ends_every_child(limits: LimitSettings) -> None:
+    dec = IsolatedDecoder(limits)
+    procs = [c.proc for c in dec._children]
+    dec.close()
+    assert all(not p.is_alive() for p in procs)

@@ -1,0 +1,134 @@
+"""ocrq.gpus and `ocrq up --gpus`: which GPUs, one worker per GPU with its own CUDA_VISIBLE_DEVICES,
+node name and metrics port, checked without a GPU (a fake pynvml of two devices, named as such)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ocrq_cli.main import app
+from typer.testing import CliRunner
+
+from ocrq.gpus import Gpu, embedded_worker, list_gpus, plan_gpu_workers, select_gpus
+from ocrq.settings import Settings
+from tests.fakes.fake_nvml import FakePynvmlModule
+
+GiB = 2**30
+UUID0 = "GPU-5f3b2c1a-0000-4e7a-9d1e-aaaaaaaaaaaa"
+UUID1 = "GPU-5f3b2c1a-1111-4e7a-9d1e-bbbbbbbbbbbb"
+TWO = [Gpu(0, UUID0, "NVIDIA H200", 141 * GiB), Gpu(1, UUID1, "NVIDIA H200", 141 * GiB)]
+
+
+def _fake_two() -> FakePynvmlModule:
+    return FakePynvmlModule([(UUID0, 141 * GiB, 1 * GiB), (UUID1, 141 * GiB, 2 * GiB)])
+
+
+def test_list_gpus_reads_nvml_in_its_order() -> None:
+    fake = _fake_two()
+    assert list_gpus(fake) == TWO
+    assert fake.calls == ["init", "shutdown"]
+
+
+def test_list_gpus_without_driver_or_library_is_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert list_gpus(FakePynvmlModule([], fail_init=True)) == []
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    assert list_gpus() == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "indices"),
+    [("all", [0, 1]), ("ALL", [0, 1]), ("0,1", [0, 1]), ("1", [1]), ("1, 0", [1, 0]),
+     (UUID1, [1]), ("GPU-5f3b2c1a-0000", [0])],
+)
+def test_select_gpus(spec: str, indices: list[int]) -> None:
+    assert [g.index for g in select_gpus(spec, TWO)] == indices
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus", "message"),
+    [
+        ("all", [], "no GPU found"),
+        ("0,1", [], "no GPU found"),
+        ("0,2", TWO, "2 is not a GPU of this host; this host has 0 (NVIDIA H200), 1 (NVIDIA H200)"),
+        ("GPU-5f3b2c1a", TWO, "matches several GPUs"),
+        ("GPU-ffff", TWO, "is not a GPU of this host"),
+        ("0,0", TWO, "GPU 0 listed twice"),
+        ("0,", TWO, "empty entry"),
+    ],
+)
+def test_select_gpus_refuses_with_what_the_host_has(spec: str, gpus: list[Gpu], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        select_gpus(spec, gpus)
+
+
+def test_plan_one_worker_per_gpu() -> None:
+    settings = Settings(engine={"kind": "vllm"})
+    plans = plan_gpu_workers(settings, TWO, "h1")
+    assert [p.service for p in plans] == ["worker-gpu0", "worker-gpu1"]
+    assert [p.node for p in plans] == ["gpu0@h1", "gpu1@h1"]
+    assert [p.env for p in plans] == [
+        {"CUDA_VISIBLE_DEVICES": UUID0, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "OCRQ_METRICS_PORT": "9809"},
+        {"CUDA_VISIBLE_DEVICES": UUID1, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "OCRQ_METRICS_PORT": "9810"},
+    ]
+    # a GPU keeps its port when it runs alone; metrics off stays off for every worker
+    assert plan_gpu_workers(settings, TWO[1:], "h1")[0].metrics_port == 9810
+    off = plan_gpu_workers(Settings(engine={"kind": "vllm"}, metrics_port=0), TWO, "h1")
+    assert [p.env["OCRQ_METRICS_PORT"] for p in off] == ["0", "0"]
+    assert embedded_worker(settings, "h1").node == "embedded@h1"
+
+
+@pytest.mark.parametrize("kind", ["rapidocr", "vllm-server"])
+def test_plan_refuses_engines_without_a_local_gpu(kind: str) -> None:
+    with pytest.raises(ValueError, match=f"engine.kind is {kind}"):
+        plan_gpu_workers(Settings(engine={"kind": kind}), TWO, "h1")
+
+
+# --- the command line -------------------------------------------------------------------------
+
+@pytest.fixture()
+def cli_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Settings that would start a stack under tmp_path on a port nothing listens on."""
+    monkeypatch.delenv("OCRQ_CONFIG", raising=False)
+    monkeypatch.setenv("OCRQ_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("OCRQ_REDIS__URL", "redis://127.0.0.1:9/0")
+    return tmp_path / "var"
+
+
+def test_up_gpus_all_without_a_gpu_exits_2_and_starts_nothing(cli_env: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakePynvmlModule([], fail_init=True))  # no driver
+    result = CliRunner().invoke(app, ["up", "--gpus", "all"])
+    assert result.exit_code == 2, result.output
+    assert "no GPU found" in result.output
+    assert not cli_env.exists()
+
+
+def test_up_gpus_validates_against_nvml(cli_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_two())
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "simulated")
+    result = CliRunner().invoke(app, ["up", "--gpus", "0,2"])
+    assert result.exit_code == 2, result.output
+    assert "2 is not a GPU of this host" in " ".join(result.output.split())
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "rapidocr")
+    result = CliRunner().invoke(app, ["up", "--gpus", "0,1"])
+    assert result.exit_code == 2 and "does not run on a local GPU" in " ".join(result.output.split())
+    assert not cli_env.exists()
+
+
+def test_up_gpus_hands_the_stack_one_worker_per_gpu(cli_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_two())
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "simulated")
+    seen: dict[str, Any] = {}
+
+    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:  # no processes here
+        seen["workers"] = workers
+        return {}
+
+    monkeypatch.setattr("ocrq.stack.Stack.up", fake_up)
+    result = CliRunner().invoke(app, ["up", "--gpus", "all"])
+    assert result.exit_code == 0, result.output
+    assert [(w.node.split("@")[0], w.env["CUDA_VISIBLE_DEVICES"], w.metrics_port) for w in seen["workers"]] == [
+        ("gpu0", UUID0, 9809), ("gpu1", UUID1, 9810)]

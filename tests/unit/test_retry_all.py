@@ -1,0 +1,69 @@
+"""A chunk that failed as a whole (worker.tasks._retry_all) when its final failures cannot be
+stored: handed back, never acked as "running". The context is a fake (``FakeContext``) whose
+store is down; the retry policy is the real one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ocrq.errors import StorageUnavailable
+from ocrq.messages import Chunk, Item
+from ocrq.results import ImageRecord, ImageStatus
+from ocrq.settings import Settings
+from worker.tasks import _retry_all
+
+
+class FakeStore:
+    def __init__(self, down: bool) -> None:
+        self.down = down
+        self.written: list[str] = []
+
+    def put_many(self, items: list[tuple[str, Any]]) -> None:
+        if self.down:
+            raise StorageUnavailable("S3 unavailable (put)")
+        self.written += [path for path, _ in items]
+
+
+@dataclass
+class FakeIndex:
+    recorded: list[ImageRecord] = field(default_factory=list)
+
+    def record(self, records: list[ImageRecord]) -> None:
+        self.recorded += records
+
+
+class FakeMetrics:
+    def observe_records(self, *_: Any) -> None:
+        pass
+
+
+@dataclass
+class FakeContext:
+    store: FakeStore
+    settings: Settings = field(default_factory=Settings)
+    index: FakeIndex = field(default_factory=FakeIndex)
+    metrics: FakeMetrics = field(default_factory=FakeMetrics)
+
+
+def _chunk() -> Chunk:
+    # a: last attempt (its failure is final); b: still has attempts left
+    return Chunk(job="j", items=[Item(id="a", ref="/x/a.png", attempt=4), Item(id="b", ref="/x/b.png", attempt=1)])
+
+
+def test_final_failures_that_cannot_be_stored_are_handed_back_not_acked() -> None:
+    ctx = FakeContext(FakeStore(down=True))
+    report = _retry_all(ctx, _chunk(), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    assert report.failed == 0 and report.failures == []
+    # both go back; the one on its last attempt keeps it (the store failed, not the image)
+    assert sorted((it.id, it.attempt) for it in report.retry) == [("a", 4), ("b", 2)]
+    assert report.countdown > 0
+    assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.retrying, "b": ImageStatus.retrying}
+
+
+def test_final_failures_are_recorded_when_the_store_is_up() -> None:
+    ctx = FakeContext(FakeStore(down=False))
+    report = _retry_all(ctx, _chunk(), StorageUnavailable("redis went away"), "w@h")  # type: ignore[arg-type]
+    assert report.failed == 1 and [it.id for it in report.retry] == ["b"]
+    assert ctx.store.written == ["results/j/a.json", "failed/j/a.json"]
+    assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.failed, "b": ImageStatus.retrying}

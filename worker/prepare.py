@@ -1,0 +1,101 @@
+"""A chunk's images before the engine: fetch + hash, cache units, decode of the misses only.
+
+A plain image file is one cache unit keyed by the sha256 of its bytes, so it is fetched and
+hashed, checked against the cache, and decoded only on a miss (a hit never decodes). A PDF's
+pages are cached one by one, keyed by their rendered pixels (worker.documents): the same page in
+another file or another rendering of the same document is a hit. Those keys exist only after
+rendering, so a PDF is rendered when it is fetched, and its pages are the units checked.
+
+All decoding (plain images on a miss, PDFs at once) goes through ``ctx.decoder``: in supervised
+child processes with ``limits.decode_isolation`` (worker.decode), so a decoder that crashes or
+hangs fails one image with ``DecoderCrashed`` instead of the worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ocrq import keys
+from ocrq.fetch import fetch
+from ocrq.messages import Chunk, Item
+from ocrq.results import OcrOutput
+from worker.context import WorkerContext
+from worker.documents import is_pdf
+from worker.images import Page, decode, sha256_hex
+
+
+@dataclass
+class Unit:
+    """What one cache entry covers: a whole image file (all its frames), or one PDF page."""
+
+    cache_key: str
+    #: decoded pages (empty for a plain image until its cache miss is decoded)
+    pages: list[Page]
+
+
+@dataclass
+class Prepared:
+    item: Item
+    sha256: str
+    units: list[Unit]
+    #: a plain image's fetched bytes until they are decoded (only cache misses are; then released)
+    data: bytes = b""
+    #: a PDF: rendered at fetch time, one unit per page keyed by its pixels
+    document: bool = False
+
+    @property
+    def cache_key(self) -> str | None:
+        """The file's cache key (None for a PDF: each page has its own, in its output's meta)."""
+        return None if self.document else self.units[0].cache_key
+
+
+def decode_bytes(ctx: WorkerContext, data: bytes) -> list[Page]:
+    return ctx.decoder.decode(data) if ctx.decoder else decode(data, ctx.settings.limits)
+
+
+def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
+    """Fetch and hash (and render a PDF); a plain image's decode waits for the cache check."""
+    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
+    sha = sha256_hex(data)
+
+    def key(content: str) -> str:
+        return keys.cache_key(content, ctx.engine.revision, chunk.task, chunk.params)
+
+    if is_pdf(data):  # PDF pages: cached page by page, by their pixels
+        pages = decode_bytes(ctx, data)
+        return Prepared(item, sha, [Unit(key(pg.digest or sha), [pg]) for pg in pages], document=True)
+    return Prepared(item, sha, [Unit(key(sha), [])], data)
+
+
+def decode_miss(ctx: WorkerContext, prep: Prepared) -> None:
+    """Decode a plain image whose cache entry was missing (typed errors: BadImage, ...)."""
+    prep.units[0].pages = decode_bytes(ctx, prep.data)
+    prep.data = b""
+
+
+def on_page(output: OcrOutput, page: int) -> OcrOutput:
+    """The engine's output as page ``page`` of its image (copied only when the index differs:
+    a shared in-flight future's output is never mutated)."""
+    return output if output.page == page else output.model_copy(update={"page": page})
+
+
+def assemble(prep: Prepared, hits: dict[str, list[OcrOutput]], computed: dict[int, list[OcrOutput]],
+             shared: set[int], max_pages: int) -> tuple[list[OcrOutput], bool]:
+    """An image's outputs in page order, and whether none of them ran the engine for it
+    (``computed`` / ``shared``: by unit number, for the units that missed the cache)."""
+    outs: list[OcrOutput] = []
+    cached = True
+    for n, unit in enumerate(prep.units):
+        if unit.cache_key in hits:
+            source = hits[unit.cache_key]
+        else:
+            source = computed[n]
+            cached = cached and n in shared
+        if prep.document:  # a page cached from another document: this document's page number
+            outs += [o.model_copy(update={"page": pg.index, "meta": {**o.meta, "cache_key": unit.cache_key}})
+                     for o, pg in zip(source, unit.pages, strict=False)]
+        else:
+            # the entry's outputs carry their page numbers; an entry cached under a larger
+            # max_pages is cut to today's (one cached with fewer frames is used as is)
+            outs += source[:max_pages]
+    return outs, cached
