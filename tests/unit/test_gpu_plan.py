@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ocrq_cli.main import app
 from typer.testing import CliRunner
 
 from ocrq.gpus import Gpu, embedded_worker, list_gpus, plan_gpu_workers, select_gpus
 from ocrq.settings import Settings
+from ocrq_cli.main import app
 from tests.fakes.fake_nvml import FakePynvmlModule
 
 GiB = 2**30
