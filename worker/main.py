@@ -40,6 +40,11 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
 
     @signals.worker_init.connect(weak=False)
     def _start_engine(**_: Any) -> None:
+        # which device this process was given, in its log: Celery's process title (setproctitle)
+        # overwrites /proc/<pid>/environ, so the log is where ops (and tests) can read it back
+        log.info("device: CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_ORDER=%s metrics port %s",
+                 os.environ.get("CUDA_VISIBLE_DEVICES", "-"), os.environ.get("CUDA_DEVICE_ORDER", "-"),
+                 settings.metrics_port or "-")
         # the engine is ready before the consumer takes its first message
         holder["ctx"] = build_context(settings, queues)
 
