@@ -6,15 +6,17 @@ every secret in everything a person or a tool can read afterwards.
    An unauthenticated or a plaintext connection must be refused.
 2. A pickle message (whose unpickling would create a file) is published to the queue: the
    workers must refuse it (JSON only) and the file must not exist.
-3. A job of ordinary images, presigned S3 URLs (moto; good and missing objects) and a ref over
-   ``refs.MAX_REF_CHARS``: every image gets its record (done, or failed with a permanent type).
+3. A job of ordinary images and presigned S3 URLs (moto; good and missing objects): every image
+   gets its record (done, or failed with a permanent type). A ref over ``refs.MAX_REF_CHARS`` is
+   refused at submit (``SubmissionRefused``, nothing published) and, in a chunk published around
+   the producer, fails its image with ``RefusedRef`` on the worker.
 4. Size caps: a submission whose params exceed the cap is refused with ``TooLarge`` before
    anything is recorded; an oversized chunk published around the producer fails its images
    with ``TooLarge``.
 5. The grep: the Redis password, the S3 secret key and access key id, and every presigned
    signature must not appear in the worker and Flower logs, Flower's task API and task page,
    anything left in Redis (job index, failed registry, Celery results), or the result
-   documents and failed-registry mirror in S3. Broker message bodies *in flight* carry the
+   documents, the job's export and failed-registry mirror in S3. Broker message bodies *in flight* carry the
    presigned ref (the worker must fetch it; they live in Redis behind the password and TLS);
    the run reports whether they did, and that Flower shows them redacted.
 """
@@ -47,10 +49,9 @@ from bench.services import free_port
 from ocrq import keys
 from ocrq.errors import TooLarge
 from ocrq.messages import OCR_CHUNK_TASK
-from ocrq.refs import expand
 from ocrq.settings import Settings
 from ocrq.stack import redis_binary
-from producer.client import Client
+from producer.client import Client, SubmissionRefused
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
@@ -166,7 +167,8 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
     signatures = [u.rpartition("X-Amz-Signature=")[2].partition("&")[0] for u in signed + missing]
     secrets_to_find = {"redis password": [password], "S3 secret key": [secret_key], "S3 access key id": [access_key],
                        "presigned signature": signatures}
-    refs = [str(p) for p in local[10:]] + signed + missing + [str(images / ("x" * 9000))]
+    refs = [str(p) for p in local[10:]] + signed + missing
+    long_ref = str(images / ("x" * 9000))
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OCRQ_REDIS__URL": url, "OCRQ_STORE__KIND": "s3",
            "OCRQ_STORE__BUCKET": "chaos", "OCRQ_STORE__ENDPOINT_URL": endpoint,
@@ -196,6 +198,13 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
             notes.append(f"oversized params refused: {str(exc)[:60]}…")
         if client.index.counts("sec-params")["total"]:
             problems.append("the refused submission left records")
+        try:  # an over-long ref: the whole submission is refused, nothing published
+            client.submit([*refs[:2], long_ref], job="sec-long")
+            problems.append("a submission with an over-long ref was accepted")
+        except SubmissionRefused as exc:
+            notes.append(f"over-long ref refused at submit: {str(exc)[:70]}…")
+        if client.index.counts("sec-long")["total"]:
+            problems.append("the refused submission with an over-long ref left records")
         # messages published before the workers start: what the broker's bodies carry in flight
         job = client.submit(refs, job="sec-main")
         bodies = "\n".join(message_body(x) for k in r.scan_iter(match=f"{settings.queue.name}*", _type="list")
@@ -209,13 +218,15 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
         client.app.send_task(OCR_CHUNK_TASK, task_id="sec-big", args=[{
             "job": "sec-big", "task": "text", "items": big_items,
             "params": {"blob": "y" * (settings.queue.max_message_bytes + 1)}}])
+        long_id = keys.image_id("sec-long-chunk", long_ref)
+        client.app.send_task(OCR_CHUNK_TASK, task_id="sec-long-chunk", args=[{
+            "job": "sec-long-chunk", "task": "text", "items": [{"id": long_id, "ref": long_ref}]}])
         workers.start_all()
         job.wait(timeout=300, poll=0.5)
         time.sleep(3.0)  # last events reach Flower, last acks land
-        expanded = list(expand(refs, settings.limits))  # the over-long ref becomes "invalid:<reason>"
-        ids = {keys.image_id("sec-main", ref) for ref in expanded}
+        ids = {keys.image_id("sec-main", ref) for ref in refs}
         outcome = verify(r, client.index, client.store, job.name, ids, settings.queue.name)
-        long_rec = client.index.get("sec-main", [keys.image_id("sec-main", expanded[-1])])[0]
+        long_rec = client.index.get("sec-long-chunk", [long_id])[0]
         if long_rec is None or long_rec.error is None or long_rec.error.type != "RefusedRef":
             problems.append(f"over-long ref: {long_rec}")
         big = client.index.get("sec-big", [it["id"] for it in big_items])
@@ -243,9 +254,15 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
                 problems.append("Flower shows no redacted task args (did the chunk tasks reach it?)")
         except OSError as exc:
             problems.append(f"Flower unreachable: {exc}")
-        docs = [client.store.get_json(k) for k in client.store.list(keys.results_prefix("sec-main"))]
-        docs += [client.store.get_json(k) for k in client.store.list(f"{keys.FAILED_OBJECTS}sec-main/")]
-        places["result documents and failed mirror in S3"] = json.dumps(docs)
+        try:  # the job's export (results/{job}/export/) is read too
+            job.wait_export(timeout=60)
+        except TimeoutError:
+            problems.append("no export of the finished job")
+        stored = [*client.store.list(keys.results_prefix("sec-main")),
+                  *client.store.list(f"{keys.FAILED_OBJECTS}sec-main/")]
+        raw = client.store.get_many(stored, raw=True)
+        places["result documents, export and failed mirror in S3"] = "\n".join(
+            bytes(v).decode(errors="replace") for v in raw.values())
         leaks = [f"{what} in {where}" for where, text in places.items() for what, values in secrets_to_find.items()
                  if any(v and v in text for v in values)]
         problems += [f"leak: {x}" for x in leaks]
