@@ -4,7 +4,8 @@
 
 Rendering needs a CJK-capable font (Debian: ``apt-get install fonts-wqy-microhei`` or
 ``fonts-noto-cjk``); the committed images do not. Output is deterministic for a given font and
-Pillow build. ``expected.json`` maps each file to words the OCR must find in it.
+Pillow build. ``expected.json`` (beside the folder, so the folder holds only images: `ocrq submit`
+submits every file) maps each file to words the OCR must find in it.
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def main() -> None:
         exif=exif.tobytes())
     # same bytes under another name: the content cache must answer it without OCR
     shutil.copyfile(out / "receipt_en.png", out / "receipt_en_copy.png")
-    (out / "expected.json").write_text(
+    (out.parent / "expected.json").write_text(
         json.dumps(EXPECTED, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
     total = sum(p.stat().st_size for p in out.iterdir())

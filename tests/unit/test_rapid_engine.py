@@ -19,7 +19,7 @@ from worker.engines.rapid import RapidOcrEngine
 from worker.engines.reading_order import reading_order
 
 IMAGES = Path(__file__).resolve().parents[2] / "examples" / "images"
-EXPECTED: dict[str, list[str]] = json.loads((IMAGES / "expected.json").read_text(encoding="utf-8"))
+EXPECTED: dict[str, list[str]] = json.loads((IMAGES.parent / "expected.json").read_text(encoding="utf-8"))
 
 
 def load(name: str) -> Image.Image:
