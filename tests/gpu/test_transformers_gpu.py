@@ -4,7 +4,6 @@ surfaces as EngineOOM (and the engine recovers), and the graph decode step is fa
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +16,6 @@ from worker.engines.base import OcrRequest
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-@pytest.fixture(scope="module")
-def full_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.checkpoint import make_random_checkpoint
-
-    cached = Path(os.environ.get("OCRQ_FULL_CHECKPOINT", "/tmp/hunyuan-full"))
-    if (cached / "model.safetensors").exists():
-        return cached
-    return make_random_checkpoint(tmp_path_factory.mktemp("full"), "full", device="cuda")
 
 
 @pytest.fixture(scope="module")

@@ -31,16 +31,6 @@ SIZES = [(1024, 768), (2048, 1536), (600, 400), (1024, 768)]
 
 
 @pytest.fixture(scope="module")
-def full_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from worker.checkpoint import make_random_checkpoint
-
-    cached = Path(os.environ.get("OCRQ_FULL_CHECKPOINT", "/tmp/hunyuan-full"))
-    if (cached / "model.safetensors").exists():
-        return cached
-    return make_random_checkpoint(tmp_path_factory.mktemp("full"), "full", device="cuda")
-
-
-@pytest.fixture(scope="module")
 def engine(full_checkpoint: Path) -> Any:
     from worker.engines.vllm_engine import VllmEngine
 
