@@ -11,6 +11,11 @@
 #   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
 #   bash bench/h200_vllm.sh rerun      # ocrq-vllm, then ocrq-transformers (bench.gpu_worker)
 #   bash bench/h200_vllm.sh gpu-tests  # tests/gpu/test_vllm_gpu.py (full size, bf16, CUDA graphs)
+#   bash bench/h200_vllm.sh all-tests  # the vllm tier and tests/gpu at once (correctness only: they share the GPU)
+#   bash bench/h200_vllm.sh profile    # bench.gpu_vllm_profile at max_num_batched_tokens 16384 and 65536
+#   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
+#   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
+#   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 set -uo pipefail
 step=${1:?step}
 OUT=${OUT:-/tmp/ocrq-out}
@@ -50,12 +55,15 @@ PY
   fi
 }
 
+KEEP=$WORK/keep  # rows survive between commands on a warm machine ($OUT is emptied per command)
 row() {  # row SECONDS NAME ARGS... : one bench process, bounded, its log kept
   local limit=$1 name=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" python3 -m bench.gpu_vllm "$@" --name "$name" --work $WORK --out "$OUT/rows" \
+  local t0=$SECONDS module=bench.gpu_vllm
+  [ "${1:-}" = profile ] && { module=bench.gpu_vllm_profile; shift; }
+  timeout "$limit" python3 -m $module "$@" --name "$name" --work $WORK --out "$OUT/rows" \
     > "$OUT/$name.log" 2>&1
   local rc=$?
+  mkdir -p $KEEP; cp "$OUT/rows/$name"* $KEEP/ 2>/dev/null
   echo "[row] $name rc=$rc $((SECONDS - t0))s: $(tail -c 400 "$OUT/rows/$name.json" 2>/dev/null | tr -d '\n' | cut -c1-300)"
   for f in $WORK/$name-worker.log $WORK/$name-server.log; do  # the services' own logs, their tails
     [ -f "$f" ] && { echo "== $f"; grep -vE "POST /v1|GET /metrics" "$f" | tail -60; } >> "$OUT/$name.log"
@@ -90,6 +98,35 @@ case $step in
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
   bench-c)
     row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
+  all-tests)
+    timeout 540 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
+      --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1 &
+    timeout 540 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
+      --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
+    wait
+    for f in vllm-tier gpu-tests; do echo "== $f"; grep -E "passed|failed|^FAILED|^ERROR|Error:|assert " "$OUT/$f.log" | tail -12; done ;;
+  profile)
+    row 300 prof-16k profile --kernels
+    row 260 prof-64k profile --max-num-batched-tokens 65536 ;;
+  rows)
+    M=${MNBT:-$(python3 -c "
+import json, glob
+rows = [json.load(open(f)) for f in glob.glob('$KEEP/prof-*.json')]
+rows = [r for r in rows if isinstance(r.get('engine'), dict)]
+print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'] if rows else 16384)")}
+    echo "[rows] max_num_batched_tokens $M"
+    row 230 vllm-default plain --max-num-batched-tokens "$M"
+    row 300 ocrq-vllm worker --max-num-batched-tokens "$M" ;;
+  preempt)
+    row 230 vllm-default-8g plain --cap-gb 8 --small 0
+    row 300 ocrq-vllm-8g worker --cap-gb 8 --small 0 ;;
+  ratio)
+    mkdir -p "$OUT/rows"
+    timeout 260 python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
+      --out "$OUT/rows/gpu_governor.json" > "$OUT/gpu-governor.log" 2>&1; echo "[row] gpu_governor rc=$?"
+    grep "'mode': 'governor'" "$OUT/gpu-governor.log" | cut -c1-400
+    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
+      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] gpu_worker rc=$?"; tail -c 700 "$OUT/rows/gpu_worker.json" ;;
   gpu-tests)
     timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
       --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;

@@ -124,6 +124,13 @@ class EngineSettings(BaseModel):
     #: batching (the next batch's prefill runs while the last one decodes); 1 drains each batch
     #: before the next starts (docs/bench/gpu-vllm.md measures both)
     concurrent_batches: int = Field(default=8, ge=1, le=32)
+    #: vllm: threads rendering requests (chat template + HF image processor, CPU work that
+    #: overlaps the GPU's steps); a batch's pages render in parallel, across batches too
+    render_threads: int = Field(default=4, ge=1, le=32)
+    #: vllm: the order of vLLM's waiting queue. "priority": a chunk's priority (0 = most urgent)
+    #: reaches vLLM's scheduler, so a small urgent job's requests are scheduled before the bulk
+    #: ones already waiting there; "fcfs": arrival order, as vLLM ships
+    scheduling: Literal["priority", "fcfs"] = "priority"
     #: vllm-server: one or more OpenAI-compatible endpoints
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     served_model: str | None = None

@@ -220,6 +220,35 @@ def test_batches_in_flight_together_match_each_image_alone(engine: Any) -> None:
         assert missing == 0 and d <= TOL, (d, missing)
 
 
+def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) -> None:
+    """``engine.scheduling: priority``: vLLM runs ``max_num_seqs`` (8) requests at a time, so 8 of 16
+    bulk requests (priority 9) wait in its queue when 2 urgent ones (priority 0) arrive. The urgent
+    ones take the next free slots and their batch returns first; in arrival order (vLLM's FCFS)
+    they would run after every bulk request."""
+    import threading
+
+    from worker.engines.base import OcrRequest as Req
+
+    assert engine.engine_args()["scheduling_policy"] == "priority"
+    images = (make_images(0) + make_images(1) + make_images(2))
+    bulk = [Req(key=f"bulk-{i}", image=images[i % len(images)], params={}, priority=9) for i in range(16)]
+    urgent = [Req(key=f"urgent-{i}", image=images[i], params={}, priority=0) for i in range(2)]
+    done: dict[str, float] = {}
+
+    def run(name: str, batch: list[Any]) -> None:
+        engine.topk_logprobs(batch, 1, 24)
+        done[name] = time.perf_counter()
+
+    t_bulk = threading.Thread(target=run, args=("bulk", bulk))
+    t_bulk.start()
+    deadline = time.monotonic() + 120
+    while engine._stepper.live() < 16 and time.monotonic() < deadline:  # all 16 handed to vLLM
+        time.sleep(0.01)
+    run("urgent", urgent)
+    t_bulk.join(300)
+    assert done["urgent"] < done["bulk"], done
+
+
 def test_a_prompt_over_max_model_len_fails_alone(engine: Any) -> None:
     images = make_images(0)[:3]
     batch = requests_for(images)

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,8 @@ class VllmEngine:
         self._revision: str | None = None
         self._ids = itertools.count()
         self._lock = threading.RLock()
-        self._render_lock = threading.Lock()
+        # HF processing is CPU work in this process: a pool renders pages while batches step
+        self._render_pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vllm-render")
         self._stepper: Stepper | None = None
         self._now = _Gauges()
         self._peak = _Gauges()
@@ -137,6 +139,7 @@ class VllmEngine:
             "mm_processor_cache_gb": 0,
             # keeps the Prometheus gauges (KV usage, waiting, preemptions) that ``memory`` reads
             "disable_log_stats": False,
+            "scheduling_policy": s.scheduling,
             "seed": 0,
         }
         args.update(dict(s.extra.get("vllm", {})))
@@ -289,30 +292,25 @@ class VllmEngine:
         assert stepper is not None  # built together with the LLM
         errors: dict[int, OcrqError] = {}
         inputs: dict[int, Any] = {}
-        with self._render_lock:  # HF processing is CPU work: it overlaps the running batches' steps
-            for i, request in enumerate(batch):
-                try:
-                    inputs[i] = self._render(llm, request)
-                # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
-                except (ValueError, TypeError, KeyError, OSError) as exc:
-                    errors[i] = self._admission_error(request, exc)  # this image only
+        rendered = [self._render_pool.submit(self._render, llm, request) for request in batch]
+        for i, future in enumerate(rendered):
+            try:
+                inputs[i] = future.result()
+            # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
+            except (ValueError, TypeError, KeyError, OSError) as exc:
+                errors[i] = self._admission_error(batch[i], exc)  # this image only
         mine: dict[str, Gen] = {}
         t0 = time.perf_counter()
         try:
-            with self._lock:
-                if self._stepper is not stepper:
-                    raise EngineCrashed("the vLLM engine was rebuilt while this batch was being prepared")
-                for i, engine_input in inputs.items():
-                    sp = params[i]
-                    sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
-                    rid = f"ocrq-{next(self._ids)}"
-                    gen = Gen(index=i, k=sp.logprobs or 0, watch=watch)
-                    try:
-                        stepper.add(rid, engine_input, sp, gen)
-                    except (ValueError, TypeError, KeyError, OSError) as exc:
-                        errors[i] = self._admission_error(batch[i], exc)
-                        continue
-                    mine[rid] = gen
+            if self._stepper is not stepper:
+                raise EngineCrashed("the vLLM engine was rebuilt while this batch was being prepared")
+            for i, engine_input in inputs.items():
+                sp = params[i]
+                sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
+                rid = f"ocrq-{next(self._ids)}"
+                mine[rid] = Gen(index=i, k=sp.logprobs or 0, watch=watch)
+                urgency = batch[i].priority if self.settings.scheduling == "priority" else 0
+                stepper.add(rid, engine_input, sp, mine[rid], priority=urgency)
             stepper.run(mine)
         except OcrqError:
             raise
@@ -326,7 +324,10 @@ class VllmEngine:
                     self._teardown()
             message = f"{type(cause).__name__}: {str(cause)[:300]}"
             raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
-        return {g.index: g for g in mine.values()}, errors, time.perf_counter() - t0
+        for gen in mine.values():
+            if gen.rejected is not None:
+                errors[gen.index] = self._admission_error(batch[gen.index], gen.rejected)
+        return {g.index: g for g in mine.values() if g.rejected is None}, errors, time.perf_counter() - t0
 
     def _build_or_raise(self) -> None:
         try:

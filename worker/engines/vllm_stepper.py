@@ -1,11 +1,13 @@
 """Drives one in-process vLLM ``LLMEngine`` for several micro-batches at once.
 
-Each batch's caller (an engine-loop thread) admits its requests, then the callers take turns
-stepping the engine until their own requests finish. A step advances every running request,
-whoever's it is, so batches share vLLM's continuous batching: the next batch's prefill runs while
-the previous one decodes, instead of one draining before the next starts. Engine calls
-(``add_request``, ``step``, ``abort_request``) are serialised by the engine's lock; the outputs
-of a step are routed to their requests here. A step that raises leaves the engine dead for every
+Each batch's caller (an engine-loop thread) puts its requests in the inbox, then the callers take
+turns at the one stepping role until their own requests finish. Whoever steps first adds what the
+inbox holds, so a batch enters vLLM at the next step, never waiting for a lock another thread keeps
+re-taking (a plain lock around ``step()`` starved the adders: CPython's locks are not fair). A step
+advances every running request, whoever's it is, so batches share vLLM's continuous batching: the
+next batch's prefill runs while the previous one decodes. Engine calls (``add_request``, ``step``,
+``abort_request``) run under the engine's lock; outputs are routed to their requests here and the
+waiting callers woken after every step. A step that raises leaves the engine dead for every
 caller: each one sees the same exception.
 """
 
@@ -39,6 +41,8 @@ class Gen:
     #: tokens the engine produced (``tokens`` may have been cut back to one copy of a loop)
     generated: int = 0
     checked: int = 0
+    #: what vLLM's ``add_request`` raised for this request (validation: it never ran)
+    rejected: BaseException | None = None
 
 
 class EngineDead(RuntimeError):
@@ -53,31 +57,67 @@ class Stepper:
         self._min_repeats = min_repeats
         self._after_step = after_step
         self._live: dict[str, Gen] = {}
+        self._inbox: list[tuple[str, Any, Any, Gen, int]] = []
+        self._turn = threading.Condition()  # guards the stepping role and the inbox
+        self._stepping = False
         self.failure: BaseException | None = None
 
-    def add(self, rid: str, engine_input: Any, params: Any, gen: Gen) -> None:
-        """Admit one request (the caller holds the lock); raises what vLLM's validation raises."""
-        self.engine.add_request(rid, engine_input, params)
-        self._live[rid] = gen
+    def add(self, rid: str, engine_input: Any, params: Any, gen: Gen, priority: int = 0) -> None:
+        """Queue one request for the next step. ``priority`` (lower first) counts only when the
+        engine schedules by priority; what vLLM's validation raises lands on ``gen.rejected``."""
+        with self._turn:
+            self._inbox.append((rid, engine_input, params, gen, priority))
+
+    def live(self) -> int:
+        """Requests handed to vLLM and not finished."""
+        return len(self._live)
 
     def run(self, mine: dict[str, Gen]) -> None:
         """Step until every request in ``mine`` has finished (any caller's step counts)."""
         while True:
-            with self._lock:
-                if self.failure is not None:
-                    raise EngineDead("vLLM engine failed in another batch's step") from self.failure
-                if all(g.finish is not None for g in mine.values()):
-                    return
-                if not self.engine.has_unfinished_requests():
-                    lost = [rid for rid, g in mine.items() if g.finish is None]
-                    raise EngineDead(f"vLLM has no unfinished requests but {len(lost)} never finished")
-                try:
-                    outputs = self.engine.step()
-                except BaseException as exc:
-                    self.failure = exc
-                    raise
-                self._route(outputs)
-                self._after_step()
+            with self._turn:
+                while True:
+                    if self.failure is not None:
+                        raise EngineDead("vLLM engine failed in another batch's step") from self.failure
+                    if all(g.finish is not None for g in mine.values()):
+                        return
+                    if not self._stepping:
+                        self._stepping = True
+                        inbox, self._inbox = self._inbox, []
+                        break
+                    self._turn.wait()
+            try:
+                with self._lock:
+                    self._step(inbox, mine)
+            finally:
+                with self._turn:
+                    self._stepping = False
+                    self._turn.notify_all()
+
+    def _step(self, inbox: list[tuple[str, Any, Any, Gen, int]], mine: dict[str, Gen]) -> None:
+        for rid, engine_input, params, gen, priority in inbox:
+            try:
+                self.engine.add_request(rid, engine_input, params, priority=priority)
+            # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError): this request only
+            except (ValueError, TypeError, KeyError, OSError) as exc:
+                gen.rejected, gen.finish = exc, "rejected"
+                continue
+            except BaseException as exc:  # a dead engine core: every caller's failure
+                self.failure = exc
+                raise
+            self._live[rid] = gen
+        if all(g.finish is not None for g in mine.values()):
+            return
+        if not self.engine.has_unfinished_requests():
+            lost = [rid for rid, g in mine.items() if g.finish is None]
+            raise EngineDead(f"vLLM has no unfinished requests but {len(lost)} never finished")
+        try:
+            outputs = self.engine.step()
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        self._route(outputs)
+        self._after_step()
 
     def _route(self, outputs: Iterable[Any]) -> None:
         for out in outputs:
