@@ -99,9 +99,9 @@ case $step in
   bench-c)
     row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
   all-tests)
-    timeout 540 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
+    timeout 470 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
       --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1 &
-    timeout 540 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
+    timeout 470 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
       --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
     wait
     for f in vllm-tier gpu-tests; do echo "== $f"; grep -E "passed|failed|^FAILED|^ERROR|Error:|assert " "$OUT/$f.log" | tail -12; done ;;
