@@ -106,6 +106,10 @@ class EngineLoop:
         self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
                        "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
         self._last_batch_s = 0.0
+        #: since when no batch has been running (None before the first batch): ``idle_s`` adds up
+        #: these gaps, the engine time the worker's intake left unused
+        self._idle_since: float | None = None
+        self._idle_s = 0.0
         #: (images, seconds) of every engine call that returned (worker.metrics)
         self._on_batch = on_batch
         # itertools.count is atomic under the GIL; a generator is not (batches run on several threads)
@@ -180,7 +184,8 @@ class EngineLoop:
     def state(self) -> dict[str, Any]:
         with self._cond:
             loop: dict[str, Any] = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
-                    "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4)}
+                    "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4),
+                    "idle_s": round(self._idle_s, 3)}
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
@@ -225,6 +230,8 @@ class EngineLoop:
                     self._share.pop(id(item.request), None)
                 self._inflight = [it for it in self._inflight if id(it) not in done]
                 self._running -= 1
+                if self._running == 0:
+                    self._idle_since = time.monotonic()
                 self._cond.notify_all()
 
     def _next_batch(self) -> list[_Item] | None:
@@ -271,6 +278,8 @@ class EngineLoop:
         self._pending = rest
         self._account()
         self._inflight = self._inflight + batch
+        if self._running == 0 and self._idle_since is not None:
+            self._idle_s += time.monotonic() - self._idle_since
         self._running += 1
         return batch
 
