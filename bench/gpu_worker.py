@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -151,6 +152,8 @@ def main() -> None:
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
+    # the store keeps the durable result cache: a rerun in the same folder would read it back
+    shutil.rmtree(work / "store", ignore_errors=True)
     model = work / f"hunyuan-{args.size}"
     if args.simulated is None and not (model / "config.json").exists():
         import torch
