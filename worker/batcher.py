@@ -100,7 +100,7 @@ class EngineLoop:
         probe: MemoryProbe | None = None,
         *,
         linger_s: float = 0.02,
-        intake_wait_s: float = 1.0,
+        intake_wait_s: float = 0.5,
         oom_retries: int = 3,
         logger: logging.Logger | None = None,
         oom_backoff_s: float = 0.02,
