@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -71,6 +72,14 @@ def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, 
     records = list(handle.records())
     results = list(handle.results())
     tokens = [o.meta.get("generated_tokens") for r in results for o in r.outputs]
+    # each engine call, in the order it ran (ids are "{loop}-{seq}"): its size and its seconds
+    # (every image's engine_s is the call's seconds / its size)
+    calls: dict[str, tuple[int, float]] = {}
+    for rec in records:
+        if rec.batch and rec.batch_size:
+            calls[rec.batch] = (rec.batch_size, (rec.engine_s or 0.0) * rec.batch_size)
+    order = sorted(calls, key=lambda b: int(b.rsplit("-", 1)[1]))
+    busy = sum(seconds for _, seconds in calls.values())
     time.sleep(1.5)  # the worker publishes its state once a second
     node = f"{worker}@{socket.gethostname()}"
     state = json.loads(redis.Redis.from_url(redis_url).get(keys.worker_state(node)) or "{}")
@@ -79,14 +88,47 @@ def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, 
         "job": job, "images": len(records), "done": done, "failed": counts.get("failed", 0),
         "cached": counts.get("cached", 0), "elapsed_s": round(elapsed, 2), "img_per_s": round(done / elapsed, 3),
         "all_full_length": bool(tokens) and all(t == new_tokens for t in tokens),
-        "batch_sizes": sorted({o.meta.get("batch_size") for r in results for o in r.outputs}, reverse=True),
+        "batch_sizes": [calls[b][0] for b in order],
+        "engine_busy_s": round(busy, 2), "engine_idle_s": round(elapsed - busy, 2),
         "worker_state": {k: state.get(k) for k in (
             "batches", "images", "oom_events", "oom_count", "failed", "max_measured_peak_bytes", "budget_bytes",
             "capacity_bytes", "calibration_error", "observations", "restored_observations", "count_limit",
             "slow_start", "bytes_per_token", "base_bytes", "margin", "prefetch", "token_capacity",
-            "kv_usage", "preemptions", "pressure_count", "batch_size")},
+            "kv_usage", "preemptions", "pressure_count", "batch_size", "idle_s")},
         "max_measured_peak_gb": round((state.get("max_measured_peak_bytes") or 0) / GIB, 2),
     }
+
+
+def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_gb: float,
+                         snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The CPU stand-in for ``bench/gpu_governor.py runs --governor``: the same simulated engine
+    and governor as the worker, driven in-process with every image decoded and submitted at once."""
+    from PIL import Image
+
+    from ocrq.settings import BatchSettings, EngineSettings
+    from worker.batcher import EngineLoop
+    from worker.context import governor_for
+    from worker.engines.base import OcrRequest
+    from worker.engines.simulated import SimulatedEngine
+
+    engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=tokens, extra=extra))
+    governor = governor_for(BatchSettings(mode="auto", max_size=128, memory_cap_bytes=int(cap_gb * GIB)),
+                            engine, None)
+    if snapshot is not None:
+        governor.restore(json.loads(json.dumps(snapshot)))
+    reqs = []
+    for path in sorted(folder.iterdir()):
+        with Image.open(path) as im:
+            reqs.append(OcrRequest(key=path.name, image=im.convert("RGB"), task="text"))
+    loop = EngineLoop(engine, governor, None, linger_s=0.02)
+    t0 = time.perf_counter()
+    loop.start()
+    done = sum(f.exception() is None for f in loop.submit_many(reqs))
+    elapsed = time.perf_counter() - t0
+    loop.stop()
+    return {"job": f"in-process-{'warm' if snapshot else 'cold'}", "done": done, "elapsed_s": round(elapsed, 2),
+            "img_per_s": round(done / elapsed, 3), "batch_sizes": [len(b) for b in engine.batches],
+            "snapshot": governor.snapshot()}
 
 
 def main() -> None:
@@ -101,6 +143,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/ocrq-gpu-worker"))
     ap.add_argument("--simulated", type=float, default=None, metavar="BATCH_S",
                     help="CPU stand-in: the simulated engine (24 GiB model, each batch takes BATCH_S)")
+    ap.add_argument("--sim-image-s", type=float, default=0.0, metavar="S",
+                    help="with --simulated: S more seconds per image in a batch (a GPU-like t(n) = BATCH_S + S·n)")
     args = ap.parse_args()
 
     from ocrq.settings import Settings
@@ -108,6 +152,8 @@ def main() -> None:
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
+    # the store keeps the durable result cache: a rerun in the same folder would read it back
+    shutil.rmtree(work / "store", ignore_errors=True)
     model = work / f"hunyuan-{args.size}"
     if args.simulated is None and not (model / "config.json").exists():
         import torch
@@ -128,10 +174,10 @@ def main() -> None:
            "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": "32"}
+    sim_extra = {"batch_latency_s": args.simulated, "image_latency_s": args.sim_image_s,
+                 "output_tokens": args.tokens}
     if args.simulated is not None:
-        env.update({"OCRQ_ENGINE__KIND": "simulated",
-                    "OCRQ_ENGINE__EXTRA": json.dumps({"batch_latency_s": args.simulated,
-                                                      "output_tokens": args.tokens})})
+        env.update({"OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(sim_extra)})
     settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": work / "store"},
                         limits={"allowed_roots": [work]}, queue={"chunk_size": 32})
     result: dict[str, Any] = {"size": args.size, "images": args.images, "cap_gb": args.cap_gb,
@@ -149,6 +195,14 @@ def main() -> None:
             stop(proc)
     finally:
         redis_proc.terminate()
+    if args.simulated is not None:
+        # the same engine and governor in-process (cold, then warm from the cold one's snapshot)
+        cold = in_process_simulated(folders["cold"], sim_extra, args.tokens, args.cap_gb)
+        warm = in_process_simulated(folders["warm"], sim_extra, args.tokens, args.cap_gb, cold.pop("snapshot"))
+        warm.pop("snapshot")
+        result["in_process"] = [cold, warm]
+        result["warm_ratio"] = round(result["jobs"][-1]["img_per_s"] / warm["img_per_s"], 3)
+        print(json.dumps({"in_process": result["in_process"], "warm_ratio": result["warm_ratio"]}), flush=True)
     args.out.write_text(json.dumps(result, indent=2))
 
 

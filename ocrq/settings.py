@@ -152,6 +152,10 @@ class BatchSettings(BaseModel):
     headroom: float = 0.10
     #: wait this long for more images before running a partial batch
     linger_ms: int = 20
+    #: an idle engine waits up to this long for images the worker already holds but is still
+    #: fetching and decoding, while the next batch has room for them (one big batch, not a
+    #: small one now and the rest a batch later)
+    intake_wait_ms: int = 500
     #: in-process retries of a batch after OOM (bisecting) before the image is handed to Celery
     oom_retries: int = 3
     #: cap the governor may impose (bytes); None: whole device

@@ -14,6 +14,10 @@ or a retryable ``EngineOOM`` when the model still says the downscaled image fits
 engine error fails the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so
 Celery retries them. Every future completes, also on ``stop``.
 
+Images a worker holds but is still fetching and decoding are announced (``expecting``): an idle
+engine waits for them, up to ``intake_wait_s``, while the next batch has room for them. Otherwise
+the first decoded chunk of a job would run alone and the rest a batch later.
+
 An engine that batches continuously (vLLM: ``concurrent_batches`` > 1) gets several micro-batches
 in flight at once, each run on its own thread: the governor plans the next one from the room the
 running ones leave (``inflight``), so admission, not the engine's queue, decides what runs.
@@ -43,6 +47,25 @@ __all__ = ["OOM_LOG", "EngineLoop", "downscale_for_memory", "is_oom"]
 #: the start of the warning logged at every OOM (the chaos suite counts them in worker logs,
 #: which survive a killed worker, unlike its published state)
 OOM_LOG = "OOM on a batch of"
+
+class Intake:
+    """Images announced to the engine loop while they are fetched and decoded; ``close`` (once,
+    after they were submitted or dropped) withdraws them. A context manager."""
+
+    def __init__(self, loop: EngineLoop, images: int) -> None:
+        self._loop, self._images = loop, images
+
+    def close(self) -> None:
+        images, self._images = self._images, 0
+        if images:
+            self._loop._arrived(images)
+
+    def __enter__(self) -> Intake:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 @dataclass(eq=False)
 class _Item:
@@ -77,6 +100,7 @@ class EngineLoop:
         probe: MemoryProbe | None = None,
         *,
         linger_s: float = 0.02,
+        intake_wait_s: float = 0.5,
         oom_retries: int = 3,
         logger: logging.Logger | None = None,
         oom_backoff_s: float = 0.02,
@@ -86,6 +110,9 @@ class EngineLoop:
         self.governor = governor
         self.probe: MemoryProbe = probe if probe is not None else NullProbe()
         self.linger_s = max(0.0, linger_s)
+        self.intake_wait_s = max(0.0, intake_wait_s)
+        #: images announced (``expecting``) and not yet submitted: still being fetched/decoded
+        self._incoming = 0
         self.oom_retries = max(0, oom_retries)
         self.oom_backoff_s = oom_backoff_s
         self.log = logger or logging.getLogger(__name__)
@@ -106,6 +133,10 @@ class EngineLoop:
         self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
                        "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
         self._last_batch_s = 0.0
+        #: since when no batch has been running (None before the first batch): ``idle_s`` adds up
+        #: these gaps, the engine time the worker's intake left unused
+        self._idle_since: float | None = None
+        self._idle_s = 0.0
         #: (images, seconds) of every engine call that returned (worker.metrics)
         self._on_batch = on_batch
         # itertools.count is atomic under the GIL; a generator is not (batches run on several threads)
@@ -168,6 +199,18 @@ class EngineLoop:
             self._cond.notify_all()
         return futures
 
+    def expecting(self, images: int) -> Intake:
+        """Announce ``images`` the worker holds and is fetching and decoding; close the returned
+        ``Intake`` once they are submitted (or turned out to be cache hits or bad)."""
+        with self._cond:
+            self._incoming += max(0, images)
+        return Intake(self, max(0, images))
+
+    def _arrived(self, images: int) -> None:
+        with self._cond:
+            self._incoming = max(0, self._incoming - images)
+            self._cond.notify_all()
+
     def desired_backlog(self) -> int:
         """Images the worker should hold: the batch running now plus the governor's backlog of
         batches to come. A chunk message stays unacknowledged until all its images are done, so
@@ -180,7 +223,8 @@ class EngineLoop:
     def state(self) -> dict[str, Any]:
         with self._cond:
             loop: dict[str, Any] = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
-                    "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4)}
+                    "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4),
+                    "idle_s": round(self._idle_s, 3), "incoming": self._incoming}
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
@@ -225,6 +269,8 @@ class EngineLoop:
                     self._share.pop(id(item.request), None)
                 self._inflight = [it for it in self._inflight if id(it) not in done]
                 self._running -= 1
+                if self._running == 0:
+                    self._idle_since = time.monotonic()
                 self._cond.notify_all()
 
     def _next_batch(self) -> list[_Item] | None:
@@ -244,12 +290,23 @@ class EngineLoop:
                 if running and not self.governor.admits(costs[0], inflight=running):
                     self._cond.wait()  # the batches in flight hold the room: wait for one to finish
                     continue
-                wait = self._pending[0].enqueued + self.linger_s - time.monotonic()
-                if wait > 0 and not self._stopping and not self.governor.full(costs, free_bytes=free,
-                                                                              inflight=running):
-                    self._cond.wait(wait)
-                    continue
+                if not self._stopping:
+                    wait = self._linger(time.monotonic())
+                    if wait > 0 and not self.governor.full(costs, free_bytes=free, inflight=running):
+                        self._cond.wait(wait)
+                        continue
                 return self._take(costs, free, running)
+
+    def _linger(self, now: float) -> float:
+        """Seconds to wait for more images before planning (caller holds the lock): ``linger_s``
+        after the oldest arrived; an idle engine waits for announced images too, up to
+        ``intake_wait_s`` after it became free or the oldest arrived, whichever is later."""
+        oldest = self._pending[0].enqueued
+        wait = oldest + self.linger_s - now
+        if self._incoming and not self._running:
+            ready = max(oldest, self._idle_since or oldest)
+            wait = max(wait, ready + self.intake_wait_s - now)
+        return wait
 
     def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[_Item]:
         """Move the planned images from pending to in-flight (caller holds the lock)."""
@@ -271,6 +328,8 @@ class EngineLoop:
         self._pending = rest
         self._account()
         self._inflight = self._inflight + batch
+        if self._running == 0 and self._idle_since is not None:
+            self._idle_s += time.monotonic() - self._idle_since
         self._running += 1
         return batch
 

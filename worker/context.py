@@ -152,7 +152,8 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     metrics = WorkerMetrics()
     loop = EngineLoop(
         engine, governor, probe,
-        linger_s=settings.batch.linger_ms / 1000, oom_retries=settings.batch.oom_retries,
+        linger_s=settings.batch.linger_ms / 1000, intake_wait_s=settings.batch.intake_wait_ms / 1000,
+        oom_retries=settings.batch.oom_retries,
         on_batch=metrics.observe_batch,
     )
     loop.start()

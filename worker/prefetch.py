@@ -13,7 +13,8 @@ equal share of the work there is (messages every worker holds unacked + the queu
 never less than an equal share of its own window. So a job submitted to idle GPUs is split
 evenly, not by who polled first or who happened to start a small batch. A worker that reserved
 its whole share up front cannot be left holding the tail while its peer idles. One worker: the
-governor's window, unchanged.
+governor's window, unchanged. A worker that stops leaves the set at once, so a worker restarted
+in its place is not held to half a window until the old entry goes stale.
 """
 
 from __future__ import annotations
@@ -74,6 +75,15 @@ def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tup
     return int(replies[-1]), sum(queue_depth(redis, q) for q in queues), consumers
 
 
+def leave_queues(redis: Any, queues: list[str], hostname: str) -> None:
+    """Stop counting as a consumer of ``queues`` (a worker shutting down). Otherwise its entry
+    would halve a lone successor's window until it goes stale (``CONSUMER_STALE_S``)."""
+    pipe = redis.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zrem(keys.queue_consumers(queue), hostname)
+    pipe.execute()
+
+
 def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, concurrency: int,
                        interval: float = 1.0, queues: list[str] | None = None) -> type[bootsteps.StartStopStep]:
     """``get_state`` returns the worker context once it is built (None before); ``queues`` are the
@@ -94,6 +104,12 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
             if self.tref is not None:
                 self.tref.cancel()
                 self.tref = None
+            ctx = get_state()
+            if queues and ctx is not None:
+                try:
+                    leave_queues(ctx.redis, queues, self.hostname)
+                except Exception:  # Redis away: the entry goes stale on its own
+                    log.debug("could not leave the queues' consumers", exc_info=True)
 
         def adjust(self, c: Any) -> None:
             ctx = get_state()

@@ -27,6 +27,7 @@ from ocrq.export import export_job, request_export
 from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, chunk_argsrepr, message_bytes
 from ocrq.redact import redact_url
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
+from worker.batcher import Intake
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
@@ -75,7 +76,14 @@ class ChunkReport:
         return out
 
 
-def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:  # noqa: C901
+def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:
+    # while its images are fetched and decoded, an idle engine waits for them rather than run
+    # the chunks that came first alone (worker.batcher: expecting)
+    with ctx.loop.expecting(len(chunk.items)) as intake:
+        return _process_chunk(ctx, chunk, worker, intake)
+
+
+def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake: Intake) -> ChunkReport:  # noqa: C901
     t0 = time.monotonic()
     tag = f"job={chunk.job} n={len(chunk.items)}"
     ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
@@ -121,6 +129,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
         (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, chunk.task, chunk.params,
                                    priority=chunk.priority))
         for i, _, k, key, pg in to_run])
+    intake.close()
     pending: dict[tuple[str, int], list[Future[OcrOutput]]] = {(i, n): [] for i, n, _ in todo}
     # same content already in flight (here or in another chunk): the engine runs once, the rest are hits
     all_shared = dict.fromkeys(pending, True)

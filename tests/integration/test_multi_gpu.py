@@ -120,6 +120,9 @@ def test_two_gpu_workers_share_one_queue_fairly(redis_url: str, redis_client: An
     # `ocrq down` stops every worker it started
     assert stopped["worker-gpu0"].startswith("stopped") and stopped["worker-gpu1"].startswith("stopped"), stopped
     assert stack.pid("worker-gpu0") is None and stack.pid("worker-gpu1") is None
+    # and a stopped worker no longer counts as a consumer of the queue: a worker started in its
+    # place gets the whole window at once, not half of it until the old entry goes stale
+    assert redis_client.zcard(keys.queue_consumers(settings.queue.name)) == 0
 
 
 def _snap(observations: int) -> dict[str, Any]:

@@ -387,6 +387,63 @@ def test_the_backlog_counts_the_batch_in_flight_on_top_of_the_next_ones(loops: l
     assert loop.desired_backlog() == loop.governor.desired_backlog()
 
 
+# ---- intake: images the worker holds but is still decoding -------------------------------------
+
+
+def intake_loop(made: list[EngineLoop], engine: SimulatedEngine, intake_wait_s: float) -> EngineLoop:
+    governor = Governor(engine.memory_profile, capacity_bytes=engine.capacity_bytes, initial_size=64, max_size=64)
+    loop = EngineLoop(engine, governor, None, linger_s=0.01, intake_wait_s=intake_wait_s, oom_backoff_s=0)
+    made.append(loop)
+    loop.start()
+    return loop
+
+
+def test_an_idle_engine_waits_for_the_chunks_still_being_decoded(loops: list[EngineLoop]) -> None:
+    # Given a worker that received two chunks of 8: the first is decoded, the second is not yet
+    engine = sim()
+    loop = intake_loop(loops, engine, intake_wait_s=5.0)
+    second = loop.expecting(8)
+    with loop.expecting(8):
+        first = loop.submit_many([req(i) for i in range(8)])
+    time.sleep(0.3)  # decoding the second chunk: far past the 10 ms linger
+    # Then the engine has not run the first chunk alone
+    assert engine.batches == [] and loop.state()["incoming"] == 8
+    # When the second chunk arrives, one batch runs both (the old loop ran 8, then 8)
+    rest = loop.submit_many([req(i) for i in range(8, 16)])
+    second.close()
+    assert all(isinstance(outcome(f), OcrOutput) for f in first + rest)
+    assert [len(b) for b in engine.batches] == [16]
+    assert loop.state()["incoming"] == 0
+
+
+def test_the_wait_for_intake_is_bounded_and_a_full_batch_does_not_wait(loops: list[EngineLoop]) -> None:
+    # Given a chunk announced that never arrives (its fetch hangs)
+    engine = sim()
+    loop = intake_loop(loops, engine, intake_wait_s=0.3)
+    stuck = loop.expecting(32)
+    # Then what is there runs once the intake wait is over, not never
+    t0 = time.monotonic()
+    assert all(isinstance(outcome(f), OcrOutput) for f in loop.submit_many([req(i) for i in range(4)]))
+    assert 0.25 <= time.monotonic() - t0 < 3
+    # and a batch already as big as it may get (the count limit, 64) goes at once
+    t0 = time.monotonic()
+    assert all(isinstance(outcome(f), OcrOutput) for f in loop.submit_many([req(i) for i in range(4, 68)]))
+    assert time.monotonic() - t0 < 0.25
+    assert [len(b) for b in engine.batches][1] == 64
+    stuck.close()
+    stuck.close()  # closing twice withdraws once
+    assert loop.state()["incoming"] == 0
+
+
+def test_the_engine_idle_time_between_batches_is_measured(loops: list[EngineLoop]) -> None:
+    engine = sim(batch_latency_s=0.05)
+    loop = intake_loop(loops, engine, intake_wait_s=0.0)
+    assert all(isinstance(outcome(f), OcrOutput) for f in loop.submit_many([req(0)]))
+    time.sleep(0.3)
+    assert all(isinstance(outcome(f), OcrOutput) for f in loop.submit_many([req(1)]))
+    assert 0.25 <= loop.state()["idle_s"] < 2
+
+
 # ---- stop and no lost futures -------------------------------------------------------------------
 
 
