@@ -117,6 +117,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     echo "[rows] max_num_batched_tokens $M"
     row 230 vllm-default plain --max-num-batched-tokens "$M"
     row 300 ocrq-vllm worker --max-num-batched-tokens "$M" ;;
+  verify)  # one job on a fresh worker: the first job is where the pressure rule used to collapse batches
+    row 200 ocrq-vllm-first worker --jobs 1 --max-num-batched-tokens 65536 ;;
   preempt)
     row 230 vllm-default-8g plain --cap-gb 8 --small 0
     row 300 ocrq-vllm-8g worker --cap-gb 8 --small 0 ;;

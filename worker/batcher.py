@@ -233,7 +233,8 @@ class EngineLoop:
     # ---- the loop -----------------------------------------------------------------------------
 
     def _main(self) -> None:
-        pool = ThreadPoolExecutor(self._slots, thread_name_prefix="ocrq-batch") if self._slots > 1 else None
+        # slots + 1: the extra one is an urgent job's (``_full``)
+        pool = ThreadPoolExecutor(self._slots + 1, thread_name_prefix="ocrq-batch") if self._slots > 1 else None
         try:
             while True:
                 batch = self._next_batch()
@@ -273,16 +274,27 @@ class EngineLoop:
                     self._idle_since = time.monotonic()
                 self._cond.notify_all()
 
+    def _full(self) -> bool:
+        """All slots busy (caller holds the lock). An engine that runs batches side by side gets
+        one more for pending work more urgent than every batch in flight: a small urgent job does
+        not wait for a bulk batch to finish (the most urgent pending image is first)."""
+        if self._running < self._slots:
+            return False
+        if self._slots == 1 or not self._pending or not self._inflight:
+            return True
+        urgent = self._pending[0].request.priority < min(it.request.priority for it in self._inflight)
+        return not urgent or self._running > self._slots
+
     def _next_batch(self) -> list[_Item] | None:
         with self._cond:
-            while (not self._pending or self._running >= self._slots) and not self._stopping:
+            while (not self._pending or self._full()) and not self._stopping:
                 self._cond.wait()
         free = self._free_bytes()  # read once work is there: an idle wait makes it stale
         with self._cond:
             while True:
                 if self._stopping and (not self._pending or time.monotonic() >= self._stop_deadline):
                     return None
-                if not self._pending or self._running >= self._slots:
+                if not self._pending or self._full():
                     self._cond.wait(0.5 if self._stopping else None)
                     continue
                 costs = [it.cost for it in self._pending]
@@ -309,8 +321,13 @@ class EngineLoop:
         return wait
 
     def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[_Item]:
-        """Move the planned images from pending to in-flight (caller holds the lock)."""
-        skips = [it.skips for it in self._pending]
+        """Move the planned images from pending to in-flight (caller holds the lock). The urgent
+        job's extra slot (``_full``) takes its urgent images only: bulk ones riding along would
+        hold its results until they finish too."""
+        if self._running >= self._slots:
+            top = min(it.request.priority for it in self._inflight)
+            costs = costs[: sum(1 for it in self._pending if it.request.priority < top)]
+        skips = [it.skips for it in self._pending[: len(costs)]]
         chosen = self.governor.plan(costs, free_bytes=free, skips=skips, inflight=running)
         picked = set(chosen)
         last = max(chosen)
@@ -421,7 +438,9 @@ class EngineLoop:
         # pressure first: a busy KV cache must hold back the growth a success would bring
         if sample.kv_usage is not None or sample.waiting is not None or sample.preemptions is not None:
             self._paged = self._paged or sample.kv_usage is not None
-            self.governor.on_pressure(sample.kv_usage, sample.waiting, sample.preemptions)
+            with self._cond:
+                in_flight = len(self._inflight)  # this batch's images included: it has not left yet
+            self.governor.on_pressure(sample.kv_usage, sample.waiting, sample.preemptions, in_flight=in_flight)
         if grow:  # a bisected half succeeding is no reason to grow
             self.governor.on_success()
 

@@ -563,12 +563,12 @@ class FakePagedEngine:
 
 def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list[EngineLoop]) -> None:
     """Batches overlap up to the engine's slots, share the count limit (12 over 3 slots: 4 a
-    batch), and together never plan more tokens than the KV room: 10,000 tokens = 10 images of
-    1,000 tokens in flight."""
+    batch), and together never plan more tokens than the KV room: 90 % of 11,112 KV tokens =
+    10,000 tokens = 10 images of 1,000 tokens in flight."""
     from worker.costs import ModelProfile
 
     engine = FakePagedEngine()
-    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10_000)
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=11_112)
     loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
     loops.append(loop)
     loop.start()
@@ -605,3 +605,29 @@ def test_a_more_urgent_image_runs_before_older_bulk_ones(loops: list[EngineLoop]
     [f.result(timeout=10) for f in bulk]
     assert engine.keys[1][:2] == ["urgent-0", "urgent-1"]  # the batch after the running one
     assert engine.keys[1][2:] == ["bulk-4", "bulk-5"] and engine.keys[2] == [f"bulk-{i}" for i in range(6, 10)]
+
+
+def test_an_urgent_job_gets_one_more_slot_beside_the_bulk_batches(loops: list[EngineLoop]) -> None:
+    """A paged engine running its 3 slots of bulk batches: an urgent job starts a 4th batch at
+    once instead of waiting for a bulk batch to finish (with vLLM's priority scheduling it is then
+    scheduled first); a second urgent job gets no 5th."""
+    from worker.costs import ModelProfile
+
+    engine = FakePagedEngine()  # 3 slots; batches block until `release`
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
+    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
+    loops.append(loop)
+    loop.start()
+    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(30)])
+    deadline = time.monotonic() + 5
+    while engine.running < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    while engine.running < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.running == 4 and engine.keys[3] == ["urgent-0", "urgent-1"]
+    more = loop.submit_many([OcrRequest(key="urgent-2", image=image(2), priority=0)])
+    time.sleep(0.2)
+    assert engine.running == 4  # one extra slot, not one per urgent job
+    engine.release.set()
+    [f.result(timeout=10) for f in bulk + urgent + more]
