@@ -93,6 +93,17 @@ def test_a_request_the_server_rejects_is_a_bad_request(engine: Any) -> None:
     assert isinstance(outs[1], OcrOutput)
 
 
+def test_a_jobs_priority_reaches_the_server(engine: Any) -> None:
+    """The launcher starts the server with ``--scheduling-policy priority`` and the engine sends
+    each request's priority: vLLM accepts a non-zero priority only then (with ``fcfs`` the server
+    answers 400, which the engine would record as a BadRequest)."""
+    image = make_images(0)[0]
+    assert engine._body(OcrRequest(key="p", image=image, priority=5))["priority"] == 5
+    outs = engine.infer([OcrRequest(key="bulk", image=image, priority=5),
+                         OcrRequest(key="urgent", image=image, priority=0)])
+    assert all(isinstance(o, OcrOutput) for o in outs), outs
+
+
 def test_memory_reads_the_server_metrics(engine: Any) -> None:
     sample = engine.memory()
     assert sample.kv_usage is not None and 0.0 <= sample.kv_usage <= 1.0
@@ -243,7 +254,8 @@ def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(argv)
     for flag in ("--no-enable-prefix-caching", "--mm-processor-cache-gb 0", "--max-model-len 2048",
-                 "--max-num-seqs 8", "--enforce-eager", "--dtype float32", '--limit-mm-per-prompt {"image": 1}'):
+                 "--max-num-seqs 8", "--enforce-eager", "--dtype float32", '--limit-mm-per-prompt {"image": 1}',
+                 "--scheduling-policy priority"):
         assert flag in joined
     assert json.loads(argv[argv.index("--mm-processor-kwargs") + 1]) == {
         "size": {"shortest_edge": 256 * 256, "longest_edge": 1024 * 1024}}

@@ -48,6 +48,8 @@ def server_argv(
         "--mm-processor-kwargs", json.dumps(processor),
         # every page is new: both caches only cost memory (the HunyuanOCR recipe)
         "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0",
+        # a job's priority orders the server's queue too (the worker sends it with each request)
+        "--scheduling-policy", s.scheduling,
     ]
     if s.dtype != "auto":
         argv += ["--dtype", s.dtype]

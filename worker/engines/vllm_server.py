@@ -256,6 +256,9 @@ class VllmServerEngine:
             "logprobs": True,
             "top_logprobs": 0,
             "return_tokens_as_token_ids": True,
+            # vLLM refuses a non-zero priority unless the server schedules by priority: the
+            # launcher starts it so (server_argv); set engine.scheduling: fcfs for others
+            **({"priority": request.priority} if self.settings.scheduling == "priority" and request.priority else {}),
         }
 
     def _attempts(self, request: OcrRequest, body: dict[str, Any], watch: bool = True) -> _Answer | OcrqError:
