@@ -274,9 +274,12 @@ class Governor:
         return max(1, math.ceil(min(self._hard, self._limit) / max(1, self.slots)))
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
-        """Running per-image tokens of the workload (padded engines pay the longest image)."""
+        """Running mean tokens per image of the workload: how many images the budget admits, to
+        size the backlog. Not the longest image, even for a padded engine: the packer groups
+        pages of a size, so a mixed window holds batches of small pages far larger than room /
+        longest (the H200 worker held 3 chunks and ran ≤ 64 where in-process batches reached 127)."""
         tokens = [c.total_tokens for c in pending]
-        per_image = max(tokens) if self.profile.padded else sum(tokens) / len(tokens)
+        per_image = sum(tokens) / len(tokens)
         old = self._image_tokens
         self._image_tokens = per_image if old is None else 0.8 * old + 0.2 * per_image
 

@@ -363,6 +363,23 @@ def test_a_worker_holding_the_desired_backlog_lets_the_limit_grow_to_what_memory
     assert gov.desired_backlog() <= 2 * 90
 
 
+def test_a_mixed_window_is_held_by_its_mean_page_not_its_largest() -> None:
+    """The H200 mix (2 pages of ~1,000 tokens to 1 of ~4,000): the padded engine's packer groups
+    the small pages, so the budget admits far more of them than room / the largest page. The
+    backlog counted the largest page and the worker held too few images for the batches the
+    in-process governor ran (≤ 64 vs 127)."""
+    padded = ModelProfile("test", weight_bytes=2 * GB, kv_bytes_per_token=80_000, act_bytes_per_token=20_000.0,
+                          padded=True)
+    gov = calibrated(Governor(padded, capacity_bytes=24 * GB, max_size=256, initial_size=256))
+    window = [c(1000), c(1000), c(4000)] * 40
+    gov.plan(window)
+    room = gov._token_room(None)
+    assert room is not None
+    mean = (2 * 1000 + 4000) / 3
+    assert gov.desired_backlog() == 2 * min(2 * gov.count_limit(), int(room // mean))
+    assert gov.desired_backlog() >= 1.5 * 2 * int(room // 4000)  # the old count: room / largest
+
+
 def test_state_reports_prediction_against_measurement() -> None:
     gov = governor(initial_size=16)
     batch = [c(1000)] * 10
