@@ -218,7 +218,7 @@ class Governor:
 
         Packing by cost may pass over a big image to fill with small ones, never forever: an
         image skipped ``max_skips`` times goes first, otherwise the oldest does (the first one
-        always goes, even alone over budget: the batcher then downscales or fails it).
+        always goes, even alone over budget: the engine loop then downscales or fails it).
         ``free_bytes`` (device free bytes now, plus what the process holds unused) lowers the
         budget when other processes use the device; ``inflight`` (batches still running on an
         engine that runs several at once) takes its tokens out of the room.
@@ -299,7 +299,7 @@ class Governor:
         """A batch ran out of device memory: halve the count limit, bump the coefficient.
 
         A lone image that does not fit says nothing about how many images fit, so it only
-        teaches the cost model (the batcher downscales or fails that image)."""
+        teaches the cost model (the engine loop downscales or fails that image)."""
         with self._lock:
             self._oom_count += 1
             self._streak = 0
