@@ -444,7 +444,7 @@ def test_snapshot_restores_the_model_and_skips_the_slow_start() -> None:
 def test_a_snapshot_of_too_few_batches_keeps_the_cold_limit() -> None:
     learned = governor(initial_size=4)
     learned.observe([c(1000)] * 4, int(2 * GB + 100_000 * 4000))
-    learned._limit = 64  # as if it had grown
+    learned._count.limit = 64  # as if it had grown
     fresh = governor(initial_size=4)
     assert fresh.restore(learned.snapshot())
     assert fresh.count_limit() == 4 and fresh.calibrator.observations == 1
