@@ -7,7 +7,7 @@ Subcommands (each fits one 10-minute device command; results are JSON files):
 - ``runs``: the mixed workload (≥ 200 images: ~60% 1024×768, 30% 2048×1536, 10% 600×400, one
   shuffled order for every run), exactly 256 new tokens per image (EOS ignored, no repetition
   stop): static batches 1, 4, 8, 16, 32, 64, then the governor (``worker.governor`` +
-  ``worker.batcher.EngineLoop`` + ``worker.nvml``); plus the seeds' table shape at 1024×768.
+  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus the seeds' table shape at 1024×768.
 - ``report``: docs/bench/gpu-governor.{json,md,png} from those files.
 
 Memory is capped with ``torch.cuda.set_per_process_memory_fraction(cap / total)``: allocations
@@ -169,8 +169,8 @@ def run_governor(
     import torch
 
     from ocrq.settings import BatchSettings
-    from worker.batcher import EngineLoop
     from worker.context import governor_for
+    from worker.engine_loop import EngineLoop
     from worker.nvml import NvmlProbe
 
     tracker = PeakTracker(engine)

@@ -106,8 +106,8 @@ def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_g
     from PIL import Image
 
     from ocrq.settings import BatchSettings, EngineSettings
-    from worker.batcher import EngineLoop
     from worker.context import governor_for
+    from worker.engine_loop import EngineLoop
     from worker.engines.base import OcrRequest
     from worker.engines.simulated import SimulatedEngine
 

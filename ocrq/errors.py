@@ -2,7 +2,7 @@
 
     OcrqError
     ├── Retryable          the same image may succeed later: retried with backoff
-    │   ├── EngineOOM          device memory ran out (the batcher bisects before raising it)
+    │   ├── EngineOOM          device memory ran out (the engine loop bisects before raising it)
     │   ├── EngineTimeout      the engine did not answer in time
     │   ├── EngineCrashed      the engine died; it is rebuilt, the image retried
     │   ├── EngineUnavailable  no engine server answers (every vLLM endpoint down or refusing)

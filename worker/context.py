@@ -39,7 +39,7 @@ class WorkerContext:
     cache: ResultCache
     index: JobIndex
     engine: Engine
-    loop: Any  # worker.batcher.EngineLoop
+    loop: Any  # worker.engine_loop.EngineLoop
     fetch_pool: ThreadPoolExecutor
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
     #: decodes fetched bytes into pages (worker.decode; None: in the calling thread)
@@ -133,7 +133,7 @@ def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations:
 
 
 def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
-    from worker.batcher import EngineLoop
+    from worker.engine_loop import EngineLoop
     from worker.engines import build_engine
     from worker.nvml import NvmlProbe
 

@@ -13,9 +13,8 @@ bytes per token) and are refitted on recent batches (``Calibrator``); ``boost`` 
 and decays back. A batch is admitted when ``predict · (1 + margin) + overhead ≤ budget``, with
 ``budget = capacity · (1 − headroom)`` and a margin that shrinks as the fit gets good.
 
-On top of the cost model an AIMD count limit guards against a model that is wrong: slow start
-(doubling) until the first OOM or pressure signal, halving on OOM, ~1/8 growth after a run of
-successes, and only while the limit is what holds batches back.
+On top of the cost model an AIMD count limit (``worker.count_limit``) guards against a model
+that is wrong; paged engines' KV gauges (``worker.paged_kv``) shrink it or hold its growth.
 
 What it learned (calibration points, count limit) survives restarts: ``snapshot``/``restore``,
 kept in Redis by the worker (``worker.context``), so only a worker's first start on a model,
@@ -32,7 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from worker.calibration import Calibrator
 from worker.costs import ImageCost, ModelProfile
+from worker.count_limit import CountLimit
 from worker.packing import batch_tokens, pack
+from worker.paged_kv import KV_FILL, KvPressure
 
 if TYPE_CHECKING:
     from ocrq.settings import BatchSettings
@@ -44,13 +45,6 @@ __all__ = ["Governor", "ModelProfile", "batch_tokens", "resolve_capacity"]
 
 Mode = Literal["fixed", "auto"]
 
-#: preemptions or a KV cache this full act like a soft OOM (shrink); above ``_KV_HOLD`` hold
-_KV_SHRINK = 0.95
-_KV_HOLD = 0.80
-#: share of vLLM's KV tokens admission plans to fill. vLLM allocates in blocks (16 tokens), so a
-#: request's last block is partly empty: planning to 100 % of the tokens over-commits the cache.
-#: Measured on the H200 at 100 %: KV usage ≥ 95 % and preemptions (1 at a 24 GiB budget, 3 at 8)
-_KV_FILL = 0.90
 #: OOM: the coefficient is multiplied by this (capped), and decays back on each good batch
 _OOM_BOOST = 1.2
 _MAX_BOOST = 4.0
@@ -112,23 +106,18 @@ class Governor:
         self.max_size = max_size
         self.size = size
         self.max_skips = max_skips
-        self.grow_after = grow_after
         self.calibrator = calibrator or Calibrator(
             base_prior=float(profile.weight_bytes), slope_prior=profile.bytes_per_token
         )
         self._hard = size if mode == "fixed" else max_size
-        self._limit = self._hard if mode == "fixed" else min(max_size, max(1, initial_size))
-        self._slow_start = mode == "auto"
-        if token_capacity is not None and mode == "auto":
-            # memory is preallocated and admission counts every token in flight: no need to
-            # discover the batch size from below (vLLM's own budget bounds the activations)
-            self._limit, self._slow_start = self._hard, False
-        self._streak = 0
-        self._limited = False
+        # paged (token_capacity): memory is preallocated and admission counts every token in
+        # flight, no need to discover the batch size from below (vLLM's budget bounds activations)
+        from_below = mode == "auto" and token_capacity is None
+        initial = min(max_size, max(1, initial_size)) if from_below else self._hard
+        self._count = CountLimit(self._hard, initial, slow_start=from_below, grow_after=grow_after)
+        self._kv = KvPressure()
         self._boost = 1.0
         self._oom_count = 0
-        self._pressure_count = 0
-        self._last_preemptions: int | None = None
         self._last_n = 0
         self._last_planned_peak: int | None = None
         self._last_predicted: int | None = None
@@ -182,7 +171,7 @@ class Governor:
         if self.token_capacity is not None:
             # every admitted image holds its prompt and all its new tokens: the KV cache itself is
             # the budget (headroom is for byte budgets; vLLM keeps its activations outside the KV)
-            return self.token_capacity * _KV_FILL / self._boost
+            return self.token_capacity * KV_FILL / self._boost
         if self.budget is None or self.capacity is None:
             return None
         budget = float(self.budget)
@@ -202,7 +191,7 @@ class Governor:
     def count_limit(self) -> int:
         """Most images the next batch may hold (hard cap and the AIMD limit)."""
         with self._lock:
-            return max(1, min(self._hard, self._limit))
+            return self._count.value()
 
     # ---- planning ---------------------------------------------------------------------------
 
@@ -218,7 +207,7 @@ class Governor:
 
         Packing by cost may pass over a big image to fill with small ones, never forever: an
         image skipped ``max_skips`` times goes first, otherwise the oldest does (the first one
-        always goes, even alone over budget: the batcher then downscales or fails it).
+        always goes, even alone over budget: the engine loop then downscales or fails it).
         ``free_bytes`` (device free bytes now, plus what the process holds unused) lowers the
         budget when other processes use the device; ``inflight`` (batches still running on an
         engine that runs several at once) takes its tokens out of the room.
@@ -230,7 +219,7 @@ class Governor:
             cap_n = self._batch_cap()
             self._note_mix(pending)
             chosen = self._select(pending, free_bytes, skips, inflight)
-            self._limited = len(chosen) >= cap_n and n > len(chosen)
+            self._count.planned(len(chosen), cap_n, n)
             self._last_n = len(chosen)
             picked = [pending[i] for i in chosen]
             self._last_planned_peak = int(
@@ -271,7 +260,7 @@ class Governor:
                     max_skips=self.max_skips, lookahead=1 + 4 * self._hard)
 
     def _batch_cap(self) -> int:
-        return max(1, math.ceil(min(self._hard, self._limit) / max(1, self.slots)))
+        return max(1, math.ceil(self._count.value() / max(1, self.slots)))
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
         """Running mean tokens per image of the workload: how many images the budget admits, to
@@ -302,11 +291,10 @@ class Governor:
         """A batch ran out of device memory: halve the count limit, bump the coefficient.
 
         A lone image that does not fit says nothing about how many images fit, so it only
-        teaches the cost model (the batcher downscales or fails that image)."""
+        teaches the cost model (the engine loop downscales or fails that image)."""
         with self._lock:
             self._oom_count += 1
-            self._streak = 0
-            self._slow_start = False
+            self._count.on_oom(len(costs))
             tokens = batch_tokens(costs, self.profile.padded)
             if self.capacity is not None and tokens > 0:
                 # censored observation: the true peak exceeded what the device could give, news
@@ -317,20 +305,12 @@ class Governor:
                 if expected < floor:
                     self.calibrator.add_lower_bound(tokens, min(floor, expected * 1.25))
             if len(costs) > 1:
-                self._limit = max(1, min(self._limit, len(costs) // 2))
                 self._boost = min(_MAX_BOOST, self._boost * _OOM_BOOST)
 
     def on_success(self) -> None:
         """A planned batch ran without OOM: grow the count limit while it is what binds."""
         with self._lock:
-            self._streak += 1
-            if not self._limited or self._limit >= self._hard:
-                return
-            if self._slow_start:
-                self._limit = min(self._hard, self._limit * 2)
-            elif self._streak >= self.grow_after:
-                self._limit = min(self._hard, self._limit + max(1, math.ceil(self._limit / 8)))
-                self._streak = 0
+            self._count.on_success()
 
     def on_pressure(
         self, kv_usage: float | None, waiting: int | None = None, preemptions: int | None = None,
@@ -342,23 +322,12 @@ class Governor:
         the engine; the last batch alone when unknown); a busy cache or a waiting queue holds
         growth; low usage lets it grow."""
         with self._lock:
-            new_preemptions = 0
-            if preemptions is not None:
-                last = self._last_preemptions  # None: the first sample is a baseline, not news
-                if last is not None:
-                    new_preemptions = preemptions - last if preemptions >= last else preemptions
-                self._last_preemptions = preemptions
-            usage = kv_usage or 0.0
-            if new_preemptions > 0 or usage >= _KV_SHRINK:
-                self._pressure_count += 1
-                self._slow_start = False
-                self._streak = 0
+            signal = self._kv.read(kv_usage, waiting, preemptions)
+            if signal == "shrink":
                 # batches in flight share the limit: ¾ of one batch would starve all the others
-                base = in_flight if in_flight else self._last_n
-                self._limit = max(1, min(self._limit, int(max(1, base) * 0.75)))
-            elif usage >= _KV_HOLD or (waiting or 0) > 0:
-                self._streak = 0
-                self._limited = False
+                self._count.shrink(in_flight if in_flight else self._last_n)
+            elif signal == "hold":
+                self._count.hold()
 
     # ---- persistence ------------------------------------------------------------------------
 
@@ -366,8 +335,7 @@ class Governor:
         """The learned memory model and count limit, JSON-able. A worker saves it in Redis so its
         next start on the same model, settings and device skips the slow start."""
         with self._lock:
-            return {"version": 1, "calibration": self.calibrator.snapshot(),
-                    "limit": self._limit, "slow_start": self._slow_start}
+            return {"version": 1, "calibration": self.calibrator.snapshot(), **self._count.snapshot()}
 
     def restore(self, snap: Mapping[str, Any]) -> bool:
         """Continue from a ``snapshot``. The count limit is trusted only when the snapshot holds
@@ -378,8 +346,7 @@ class Governor:
                 return False
             self.calibrator.restore(snap["calibration"])
             if self.calibrator.observations >= self.calibrator.warmup:
-                self._limit = max(1, min(self._hard, int(snap["limit"])))
-                self._slow_start = bool(snap["slow_start"])
+                self._count.restore(snap)
             self._restored = self.calibrator.observations
             return True
 
@@ -388,7 +355,7 @@ class Governor:
     def typical_batch(self) -> int:
         """Images a batch of the current workload mix holds (limit and budget)."""
         with self._lock:
-            return min(self._limit_n(), self._fit_n())
+            return min(self._count.value(), self._fit_n())
 
     def desired_backlog(self) -> int:
         """Images a worker should hold locally: two batches of what it may run next, so the
@@ -399,10 +366,7 @@ class Governor:
         pin it where it stands (at the chunk size, in practice). Up to twice the limit, within
         what the budget admits, lets it double. (The engine loop adds the batch in flight.)"""
         with self._lock:
-            return 2 * min(2 * self._limit_n(), self._fit_n())
-
-    def _limit_n(self) -> int:
-        return max(1, min(self._hard, self._limit))
+            return 2 * min(2 * self._count.value(), self._fit_n())
 
     def _fit_n(self) -> int:
         """Images of the current mix the memory budget admits in one batch (the hard cap when
@@ -419,15 +383,15 @@ class Governor:
                 "capacity_bytes": self.capacity,
                 "budget_bytes": self.budget,
                 "headroom": self.headroom,
-                "count_limit": max(1, min(self._hard, self._limit)),
-                "slow_start": self._slow_start,
+                "count_limit": self._count.value(),
+                "slow_start": self._count.slow_start,
                 "batch_size": self._last_n,
                 "planned_peak_bytes": self._last_planned_peak,
                 "predicted_peak_bytes": self._last_predicted,
                 "measured_peak_bytes": self._last_measured,
                 "max_measured_peak_bytes": self._max_measured,
                 "oom_count": self._oom_count,
-                "pressure_count": self._pressure_count,
+                "pressure_count": self._kv.count,
                 "boost": round(self._boost, 4),
                 "base_bytes": int(self.calibrator.base),
                 "bytes_per_token": round(self.calibrator.slope, 1),

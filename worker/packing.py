@@ -34,7 +34,7 @@ def pack(
 
     Packing by cost may pass over a big image to fill with small ones, never forever: an image
     skipped ``max_skips`` times goes first, otherwise the oldest does (the first one always
-    goes, even alone over the room: the batcher then downscales or fails it)."""
+    goes, even alone over the room: the engine loop then downscales or fails it)."""
     n = len(pending)
     if n == 0:
         return []

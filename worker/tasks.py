@@ -27,10 +27,10 @@ from ocrq.export import export_job, request_export
 from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, chunk_argsrepr, message_bytes
 from ocrq.redact import redact_url
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
-from worker.batcher import Intake
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
+from worker.intake import Intake
 from worker.prepare import Prepared, assemble, decode_miss, on_page, prepare
 from worker.retry import backoff, final_error
 
@@ -78,7 +78,7 @@ class ChunkReport:
 
 def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:
     # while its images are fetched and decoded, an idle engine waits for them rather than run
-    # the chunks that came first alone (worker.batcher: expecting)
+    # the chunks that came first alone (worker.engine_loop: expecting)
     with ctx.loop.expecting(len(chunk.items)) as intake:
         return _process_chunk(ctx, chunk, worker, intake)
 

@@ -48,7 +48,7 @@ from ocrq import keys
 from ocrq.settings import Settings
 from producer.client import Client
 from tests.fixtures.images import word_images
-from worker.batcher import OOM_LOG
+from worker.oom import OOM_LOG
 
 
 @dataclass

@@ -56,7 +56,7 @@ def drive(
     noise: float = 0.0,
     seed: int = 0,
 ) -> Run:
-    """The batcher's protocol without threads: plan, 'run' on the true model, feed back."""
+    """The engine loop's protocol without threads: plan, 'run' on the true model, feed back."""
     rng = random.Random(seed)
     pending = [next_image() for _ in range(4 * 256)]
     run = Run()
@@ -104,7 +104,7 @@ def test_plan_stays_within_budget_and_cap(
     chosen = gov.plan(pending)
     assert chosen == sorted(set(chosen)) and chosen[0] == 0  # the oldest image always goes
     assert 1 <= len(chosen) <= min(max_size, len(pending))
-    if len(chosen) > 1:  # a lone oversized head is the batcher's to downscale, not a packing error
+    if len(chosen) > 1:  # a lone oversized head is the engine loop's to downscale, not a packing error
         peak = gov.predict([pending[i] for i in chosen]) * (1 + gov.state()["margin"]) + GB // 2
         assert peak <= _budget(gov)
 
@@ -322,7 +322,7 @@ def test_preemptions_and_full_kv_shrink_like_a_soft_oom() -> None:
 
 def test_busy_kv_holds_growth_and_low_usage_lets_it_grow() -> None:
     gov = governor(capacity=1000 * GB, max_size=128, initial_size=16)
-    for _ in range(3):  # the batcher's order: pressure, then success
+    for _ in range(3):  # the engine loop's order: pressure, then success
         gov.plan([c(10)] * 200)
         gov.on_pressure(0.85, 3, None)
         gov.on_success()
@@ -461,7 +461,7 @@ def test_snapshot_restores_the_model_and_skips_the_slow_start() -> None:
 def test_a_snapshot_of_too_few_batches_keeps_the_cold_limit() -> None:
     learned = governor(initial_size=4)
     learned.observe([c(1000)] * 4, int(2 * GB + 100_000 * 4000))
-    learned._limit = 64  # as if it had grown
+    learned._count.limit = 64  # as if it had grown
     fresh = governor(initial_size=4)
     assert fresh.restore(learned.snapshot())
     assert fresh.count_limit() == 4 and fresh.calibrator.observations == 1

@@ -2,7 +2,7 @@
 
 An engine takes a micro-batch of decoded images and returns one outcome per image, in order:
 an ``OcrOutput`` or an ``OcrqError`` for that image alone. A failure of the whole batch that is a
-memory problem raises ``EngineOOM`` (the batcher bisects and retries the halves); any other
+memory problem raises ``EngineOOM`` (the engine loop bisects and retries the halves); any other
 whole-batch failure raises ``EngineCrashed``/``EngineTimeout``.
 
 Invariant (tested for every engine): an image's output never depends on the batch it ran in.

@@ -1,9 +1,7 @@
 """HunyuanOCR through one or more vLLM OpenAI-compatible servers (``vllm_launcher`` starts them).
 
-Each image is one streamed chat completion (empty system message, user [image as a base64 PNG
-data URL, prompt]). Streaming lets the repetition rule stop a looping page early: closing the
-stream makes vLLM abort the request. Token ids come back with the stream
-(``return_tokens_as_token_ids``) so the loop rule runs on tokens, as in the in-process engines.
+Each image is one streamed chat completion (``vllm_chat``: request body, answer). Streaming lets
+the repetition rule stop a looping page early: closing the stream makes vLLM abort the request.
 
 Endpoints are used least-loaded first (in flight + the server's ``vllm:num_requests_waiting``),
 round-robin on ties; each has its own bound on requests in flight (``max_num_seqs``). An endpoint
@@ -20,17 +18,15 @@ Only httpx is needed here; vLLM is needed only on the host that runs ``launch_se
 
 from __future__ import annotations
 
-import base64
-import io
 import itertools
 import json
 import logging
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +38,8 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.vllm_common import answer_meta, cut_repetition, image_messages
+from worker.engines.vllm_chat import Answer, request_body
+from worker.engines.vllm_common import answer_meta
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +49,6 @@ PROBE_EVERY_S = 5.0
 METRICS_EVERY_S = 1.0
 #: first retry delay; doubles per attempt
 BACKOFF_S = 0.25
-#: new tokens between two checks of a stream's tail for a loop
-REPETITION_CHECK_EVERY = 8
-_TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
 #: the KV cache size a server reports in its cache_config_info labels
 _KV_TOKENS = re.compile(r'^vllm:cache_config_info\{[^}]*kv_cache_size_tokens="(\d+)"', re.M)
@@ -79,25 +73,6 @@ class _Endpoint:
     @property
     def root(self) -> str:
         return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
-
-
-@dataclass
-class _Answer:
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    #: per token: length of ``text`` once its chunk was added (to cut text at a token)
-    ends: list[int] = field(default_factory=list)
-    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish: str | None = None
-    repetition: hunyuan.Repetition | None = None
-    generated: int = 0
-    checked: int = 0
-    endpoint: str = ""
-
-    def cut(self, keep: int) -> None:
-        """Keep the first ``keep`` tokens and the text streamed with them."""
-        self.text = self.text[: self.ends[keep - 1]] if keep > 0 else ""
-        del self.tokens[keep:], self.ends[keep:]
 
 
 class VllmServerEngine:
@@ -218,13 +193,13 @@ class VllmServerEngine:
         for answer in answers:
             if isinstance(answer, OcrqError):
                 raise answer
-        return [a.logprobs for a in answers if isinstance(a, _Answer)]
+        return [a.logprobs for a in answers if isinstance(a, Answer)]
 
     # --- requests ----------------------------------------------------------------------------
 
     def _send(
         self, batch: Sequence[OcrRequest], bodies: list[dict[str, Any]], watch: bool = True
-    ) -> list[_Answer | OcrqError]:
+    ) -> list[Answer | OcrqError]:
         """All requests in flight together. Bodies are encoded first, so the requests reach the
         server close together and it can run their vision encoder as one batch."""
         if self._pool is None or self._client is None:
@@ -233,35 +208,10 @@ class VllmServerEngine:
         return list(self._pool.map(lambda pair: self._attempts(pair[0], pair[1], watch), pairs))
 
     def _body(self, request: OcrRequest) -> dict[str, Any]:
-        s = self.sampling
-        image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
-        buf = io.BytesIO()
-        # lossless: the server sees the pixels the worker decoded; level 1 encodes several times
-        # faster than the default 6 for a few percent more bytes on loopback/LAN
-        image.save(buf, format="PNG", compress_level=1)
-        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-        part = {"type": "image_url", "image_url": {"url": url}}
-        return {
-            "model": self.model,
-            "messages": image_messages(request, self.version, part),
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "repetition_penalty": float(request.params.get("repetition_penalty", s.repetition_penalty)),
-            "max_tokens": max(1, int(request.params.get("max_new_tokens", self.settings.max_new_tokens))),
-            "ignore_eos": bool(self.settings.extra.get("ignore_eos", False)),
-            "skip_special_tokens": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "logprobs": True,
-            "top_logprobs": 0,
-            "return_tokens_as_token_ids": True,
-            # vLLM refuses a non-zero priority unless the server schedules by priority: the
-            # launcher starts it so (server_argv); set engine.scheduling: fcfs for others
-            **({"priority": request.priority} if self.settings.scheduling == "priority" and request.priority else {}),
-        }
+        return request_body(request, model=self.model, version=self.version, sampling=self.sampling,
+                            settings=self.settings)
 
-    def _attempts(self, request: OcrRequest, body: dict[str, Any], watch: bool = True) -> _Answer | OcrqError:
+    def _attempts(self, request: OcrRequest, body: dict[str, Any], watch: bool = True) -> Answer | OcrqError:
         """Up to ``retries`` attempts, each on the least-loaded live endpoint."""
         last = "no live endpoint"
         for attempt in range(self.retries):
@@ -285,9 +235,9 @@ class VllmServerEngine:
                 self._release(ep)
         return EngineUnavailable(f"{request.key}: no vLLM answer in {self.retries} attempts: {last}")
 
-    def _stream(self, ep: _Endpoint, body: dict[str, Any], watch: bool) -> _Answer:
+    def _stream(self, ep: _Endpoint, body: dict[str, Any], watch: bool) -> Answer:
         assert self._client is not None
-        answer = _Answer(endpoint=ep.url)
+        answer = Answer(endpoint=ep.url)
         deadline = time.monotonic() + self.settings.request_timeout
         try:
             with self._client.stream("POST", f"{ep.url}/chat/completions", json=body) as response:
@@ -297,8 +247,8 @@ class VllmServerEngine:
                         raise httpx.ReadTimeout("request_timeout exceeded while streaming")
                     if not line.startswith("data:") or line.strip() == "data: [DONE]":
                         continue
-                    self._on_chunk(json.loads(line[5:]), answer)
-                    if watch and self._looping(answer, final=False):
+                    answer.add_chunk(json.loads(line[5:]))
+                    if watch and answer.looping(self.settings.repetition_stop, final=False):
                         break  # leaving the stream closes it: vLLM aborts the request
         except httpx.TimeoutException as exc:
             if isinstance(exc, httpx.ConnectTimeout):
@@ -309,21 +259,8 @@ class VllmServerEngine:
             self._mark_down(ep)
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
         if watch:
-            self._looping(answer, final=True)
+            answer.looping(self.settings.repetition_stop, final=True)
         return answer
-
-    def _looping(self, answer: _Answer, final: bool) -> bool:
-        if answer.repetition is not None:
-            return True
-        if not final and len(answer.tokens) - answer.checked < REPETITION_CHECK_EVERY:
-            return False
-        answer.checked = len(answer.tokens)
-        kept, rep = cut_repetition(answer.tokens, self.settings.repetition_stop)
-        if rep is None:
-            return False
-        answer.repetition = rep
-        answer.cut(len(kept))
-        return True
 
     def _check_status(self, ep: _Endpoint, response: httpx.Response) -> None:
         if response.status_code < 400:
@@ -334,24 +271,6 @@ class VllmServerEngine:
                 self._mark_down(ep)
             raise _Retry(f"HTTP {response.status_code}: {detail}")
         raise BadRequest(f"HTTP {response.status_code} from {ep.url}: {detail}")
-
-    @staticmethod
-    def _on_chunk(chunk: Mapping[str, Any], answer: _Answer) -> None:
-        """Fold one SSE chunk (text delta, token ids, logprobs, finish, usage) into the answer."""
-        if "error" in chunk:
-            raise EngineCrashed(f"vLLM error mid-stream: {str(chunk['error'])[:300]}")
-        for choice in chunk.get("choices") or []:
-            answer.text += (choice.get("delta") or {}).get("content") or ""
-            for item in (choice.get("logprobs") or {}).get("content") or []:
-                answer.tokens.append(_token_id(item.get("token", "")))
-                answer.ends.append(len(answer.text))
-                top = item.get("top_logprobs") or []
-                if top:
-                    answer.logprobs.append([(_token_id(t["token"]), float(t["logprob"])) for t in top])
-            if choice.get("finish_reason"):
-                answer.finish = choice["finish_reason"]
-        usage = chunk.get("usage") or {}
-        answer.generated = max(answer.generated, len(answer.tokens), int(usage.get("completion_tokens") or 0))
 
     # --- endpoints ---------------------------------------------------------------------------
 
@@ -443,11 +362,6 @@ class VllmServerEngine:
         ep.kv_usage = values.get("vllm:kv_cache_usage_perc")
         preempted = values.get("vllm:num_preemptions_total", values.get("vllm:num_preemptions"))
         ep.preemptions = None if preempted is None else int(preempted)
-
-
-def _token_id(token: str) -> int:
-    match = _TOKEN_ID.search(token)
-    return int(match.group(1)) if match else -1
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""worker.batcher: the engine loop against the simulated engine (real threads, real futures)."""
+"""worker.engine_loop: the engine loop against the simulated engine (real threads, real futures)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from ocrq.errors import (
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, EngineSettings
 from tests.fakes.fake_nvml import FakeNvml
-from worker.batcher import EngineLoop, downscale_for_memory, is_oom
 from worker.context import governor_for
+from worker.engine_loop import EngineLoop, downscale_for_memory, is_oom
 from worker.engines.base import ImageCost, OcrRequest
 from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
 from worker.governor import Governor

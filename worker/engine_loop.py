@@ -5,18 +5,14 @@ Loop: wait for work → linger up to ``linger_s`` for more (or until the governo
 full) → ``governor.plan`` picks images by cost → ``engine.infer`` → per-image futures, and the
 measured peak / KV pressure go back to the governor.
 
-OOM (``EngineOOM`` or a raw CUDA/HIP OOM, recognised without importing torch): the governor
-shrinks, the batch is bisected and the halves run here, up to ``oom_retries`` levels, and images
-still failing are handed back as retryable ``EngineOOM``. A lone image that runs out of memory is
-retried once more at full size when the model says it fits (a transient OOM), then once
-downscaled (half its vision tokens, aspect kept); if that fails too it is ``TooLargeForDevice``,
-or a retryable ``EngineOOM`` when the model still says the downscaled image fits. Any other
-engine error fails the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so
-Celery retries them. Every future completes, also on ``stop``.
+OOM: the governor shrinks, the batch is bisected and the halves run again, up to ``oom_retries``
+levels; a lone image is retried, then downscaled (``worker.oom``). Any other engine error fails
+the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so Celery retries them.
+Every future completes, also on ``stop``.
 
 Images a worker holds but is still fetching and decoding are announced (``expecting``): an idle
 engine waits for them, up to ``intake_wait_s``, while the next batch has room for them. Otherwise
-the first decoded chunk of a job would run alone and the rest a batch later.
+the first decoded chunk of a job would run alone and the rest a batch later (``worker.intake``).
 
 An engine that batches continuously (vLLM: ``concurrent_batches`` > 1) gets several micro-batches
 in flight at once, each run on its own thread: the governor plans the next one from the room the
@@ -31,68 +27,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice, classify
+from ocrq.errors import EngineCrashed, OcrqError, classify
 from ocrq.results import OcrOutput
 from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
 from worker.governor import Governor
+from worker.intake import Intake, QueuedImage, settle
 from worker.nvml import MemoryProbe, NullProbe
-from worker.oom import downscale_for_memory, is_oom, restore_scale
+from worker.oom import OOM_LOG, OomRecovery, downscale_for_memory, is_oom
 
-__all__ = ["OOM_LOG", "EngineLoop", "downscale_for_memory", "is_oom"]
-
-#: the start of the warning logged at every OOM (the chaos suite counts them in worker logs,
-#: which survive a killed worker, unlike its published state)
-OOM_LOG = "OOM on a batch of"
-
-class Intake:
-    """Images announced to the engine loop while they are fetched and decoded; ``close`` (once,
-    after they were submitted or dropped) withdraws them. A context manager."""
-
-    def __init__(self, loop: EngineLoop, images: int) -> None:
-        self._loop, self._images = loop, images
-
-    def close(self) -> None:
-        images, self._images = self._images, 0
-        if images:
-            self._loop._arrived(images)
-
-    def __enter__(self) -> Intake:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
+__all__ = ["OOM_LOG", "EngineLoop", "Intake", "downscale_for_memory", "is_oom"]
 
 
-@dataclass(eq=False)
-class _Item:
-    request: OcrRequest
-    future: Future[OcrOutput]
-    cost: ImageCost
-    enqueued: float
-    #: times a later image was taken before this one (the governor pins it after a few)
-    skips: int = 0
-
-
-def _settle(future: Future[OcrOutput], outcome: object) -> None:
-    """Complete a future once; later attempts (stop() racing the loop) are ignored."""
-    if future.done():
-        return
-    try:
-        if isinstance(outcome, OcrOutput):
-            future.set_result(outcome)
-        elif isinstance(outcome, OcrqError):
-            future.set_exception(outcome)
-        else:
-            future.set_exception(EngineCrashed(f"engine returned {type(outcome).__name__}, not a result"))
-    except InvalidStateError:
-        pass
-
-
-class EngineLoop:
+class EngineLoop(OomRecovery):
     def __init__(
         self,
         engine: Engine,
@@ -117,8 +66,8 @@ class EngineLoop:
         self.oom_backoff_s = oom_backoff_s
         self.log = logger or logging.getLogger(__name__)
         self._cond = threading.Condition()
-        self._pending: list[_Item] = []
-        self._inflight: list[_Item] = []
+        self._pending: list[QueuedImage] = []
+        self._inflight: list[QueuedImage] = []
         #: micro-batches the engine may run at once (1: one batch drains before the next starts)
         self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
         governor.slots = self._slots
@@ -169,7 +118,7 @@ class EngineLoop:
             leftover = self._pending + self._inflight
             self._pending = []
         for item in leftover:
-            _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
+            settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
 
     # ---- intake -------------------------------------------------------------------------------
 
@@ -178,20 +127,20 @@ class EngineLoop:
 
     def submit_many(self, requests: Iterable[OcrRequest]) -> list[Future[OcrOutput]]:
         """Queue images for the engine; costs are computed here, on the caller's thread."""
-        items: list[_Item] = []
+        items: list[QueuedImage] = []
         futures: list[Future[OcrOutput]] = []
         now = time.monotonic()
         for request in requests:
             future: Future[OcrOutput] = Future()
             futures.append(future)
             try:
-                items.append(_Item(request, future, self.engine.cost(request), now))
+                items.append(QueuedImage(request, future, self.engine.cost(request), now))
             except Exception as exc:  # a cost that cannot be computed fails that image only
-                _settle(future, classify(exc))
+                settle(future, classify(exc))
         with self._cond:
             if self._stopping:
                 for item in items:
-                    _settle(item.future, EngineCrashed("engine loop is stopping"))
+                    settle(item.future, EngineCrashed("engine loop is stopping"))
                 return futures
             self._pending.extend(items)
             # most urgent first, arrival order within a priority (a stable sort, linear when sorted)
@@ -204,7 +153,7 @@ class EngineLoop:
         ``Intake`` once they are submitted (or turned out to be cache hits or bad)."""
         with self._cond:
             self._incoming += max(0, images)
-        return Intake(self, max(0, images))
+        return Intake(self._arrived, max(0, images))
 
     def _arrived(self, images: int) -> None:
         with self._cond:
@@ -251,15 +200,15 @@ class EngineLoop:
                 self._stopping = True  # a dead loop takes no more work: submit fails fast
                 leftover, self._pending = self._pending, []
             for item in leftover:
-                _settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
+                settle(item.future, EngineCrashed("engine loop stopped before this image ran"))
 
-    def _run_batch(self, batch: list[_Item]) -> None:
+    def _run_batch(self, batch: list[QueuedImage]) -> None:
         try:
             self._execute(batch, depth=0)
         except BaseException as exc:  # a bug here must not strand the batch's futures
             self.log.exception("engine loop failed a batch of %d", len(batch))
             for item in batch:
-                _settle(item.future, classify(exc))
+                settle(item.future, classify(exc))
             if not isinstance(exc, Exception):
                 raise
         finally:
@@ -285,7 +234,7 @@ class EngineLoop:
         urgent = self._pending[0].request.priority < min(it.request.priority for it in self._inflight)
         return not urgent or self._running > self._slots
 
-    def _next_batch(self) -> list[_Item] | None:
+    def _next_batch(self) -> list[QueuedImage] | None:
         with self._cond:
             while (not self._pending or self._full()) and not self._stopping:
                 self._cond.wait()
@@ -320,7 +269,7 @@ class EngineLoop:
             wait = max(wait, ready + self.intake_wait_s - now)
         return wait
 
-    def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[_Item]:
+    def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[QueuedImage]:
         """Move the planned images from pending to in-flight (caller holds the lock). The urgent
         job's extra slot (``_full``) takes its urgent images only: bulk ones riding along would
         hold its results until they finish too."""
@@ -331,8 +280,8 @@ class EngineLoop:
         chosen = self.governor.plan(costs, free_bytes=free, skips=skips, inflight=running)
         picked = set(chosen)
         last = max(chosen)
-        batch: list[_Item] = []
-        rest: list[_Item] = []
+        batch: list[QueuedImage] = []
+        rest: list[QueuedImage] = []
         for i, item in enumerate(self._pending):
             if i in picked:
                 # a future the caller cancelled while it waited is dropped here
@@ -407,7 +356,7 @@ class EngineLoop:
                 self._share[key] = self._share.get(key, 0.0) + each
         self._clock = now
 
-    def _execute(self, items: list[_Item], depth: int) -> None:
+    def _execute(self, items: list[QueuedImage], depth: int) -> None:
         if not items:
             return
         costs = [it.cost for it in items]
@@ -421,7 +370,7 @@ class EngineLoop:
                 self.log.warning("engine failed a batch of %d: %s", len(items), exc)
                 error = classify(exc)
                 for item in items:
-                    _settle(item.future, error)
+                    settle(item.future, error)
             return
         self._learn(costs, grow=depth == 0)
         with self._cond:
@@ -429,7 +378,7 @@ class EngineLoop:
             self._stats["images"] += len(items)
             self._stats["last_batch_size"] = len(items)
         for item, outcome in zip(items, outcomes, strict=True):
-            _settle(item.future, outcome)
+            settle(item.future, outcome)
 
     def _learn(self, costs: list[ImageCost], *, grow: bool) -> None:
         sample = self._memory()
@@ -443,79 +392,3 @@ class EngineLoop:
             self.governor.on_pressure(sample.kv_usage, sample.waiting, sample.preemptions, in_flight=in_flight)
         if grow:  # a bisected half succeeding is no reason to grow
             self.governor.on_success()
-
-    def _after_oom(self, items: list[_Item], depth: int, exc: BaseException) -> None:
-        self._stats["oom_events"] += 1
-        self.governor.on_oom([it.cost for it in items])
-        self.log.warning(OOM_LOG + " %d (level %d): %s", len(items), depth, exc)
-        if len(items) == 1:
-            self._retry_alone(items[0])
-            return
-        if depth >= self.oom_retries:
-            error = EngineOOM(f"out of device memory in a batch of {len(items)} after {depth} bisections")
-            for item in items:
-                _settle(item.future, error)
-            return
-        if self.oom_backoff_s > 0:
-            time.sleep(min(1.0, self.oom_backoff_s * 2**depth))  # let the allocator/neighbours settle
-        mid = len(items) // 2
-        self._execute(items[:mid], depth + 1)
-        self._execute(items[mid:], depth + 1)
-
-    def _retry_alone(self, item: _Item) -> None:
-        """A lone image ran out of memory. If the model says it fits, the OOM was likely
-        transient (a neighbour's spike, allocator fragmentation): one more try at full size.
-        Then, or otherwise, one try downscaled."""
-        if self.governor.fits([item.cost]):
-            if self.oom_backoff_s > 0:
-                time.sleep(min(1.0, self.oom_backoff_s * 2**self.oom_retries))
-            try:
-                outcome = self._infer([item.request])[0]
-            except Exception as exc:
-                if not is_oom(exc):
-                    _settle(item.future, classify(exc))
-                    return
-                self._stats["oom_events"] += 1
-                self.governor.on_oom([item.cost])
-            else:
-                self._learn([item.cost], grow=False)
-                _settle(item.future, outcome)
-                return
-        self._retry_downscaled(item)
-
-    def _retry_downscaled(self, item: _Item) -> None:
-        original = item.request.image.size
-        too_large = TooLargeForDevice(
-            f"{item.request.key}: {original[0]}x{original[1]} does not fit the device alone"
-        )
-        try:
-            smaller = downscale_for_memory(item.request, self.engine.cost)
-        except Exception as exc:
-            self.log.warning("downscaling %s failed: %s", item.request.key, exc)
-            smaller = None
-        if smaller is None:
-            self._stats["too_large"] += 1
-            _settle(item.future, too_large)
-            return
-        small = smaller.image.size
-        cost = self.engine.cost(smaller)
-        try:
-            outcome = self._infer([smaller])[0]
-        except Exception as exc:
-            if not is_oom(exc):
-                _settle(item.future, classify(exc))
-                return
-            self._stats["oom_events"] += 1
-            self.governor.on_oom([cost])
-            if self.governor.fits([cost]):
-                # the model says the downscaled image fits: the device is short right now
-                _settle(item.future, EngineOOM(f"{item.request.key}: out of device memory; retry later"))
-            else:
-                self._stats["too_large"] += 1
-                _settle(item.future, TooLargeForDevice(f"{too_large} (not at {small[0]}x{small[1]} either)"))
-            return
-        self._learn([cost], grow=False)
-        self._stats["downscaled"] += 1
-        self.log.info("%s ran downscaled %s -> %s to fit memory", item.request.key, original, small)
-        _settle(item.future, restore_scale(outcome, original, small) if isinstance(outcome, OcrOutput)
-                else outcome)

@@ -1,0 +1,116 @@
+"""One chat completion on a vLLM OpenAI-compatible server, as the vllm-server engine speaks it:
+the request body for one image (empty system message, user [image as a base64 PNG data URL,
+prompt]) and its streamed answer.
+
+Streaming lets the repetition rule stop a looping page early (``Answer.looping``); token ids
+come back with the stream (``return_tokens_as_token_ids``) so the rule runs on tokens, as in the
+in-process engines.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ocrq.errors import EngineCrashed
+from ocrq.settings import EngineSettings
+from worker.engines import hunyuan
+from worker.engines.base import OcrRequest
+from worker.engines.vllm_common import cut_repetition, image_messages
+
+__all__ = ["REPETITION_CHECK_EVERY", "Answer", "request_body"]
+
+#: new tokens between two checks of a stream's tail for a loop
+REPETITION_CHECK_EVERY = 8
+_TOKEN_ID = re.compile(r"token_id:(-?\d+)")
+
+
+def request_body(request: OcrRequest, *, model: str | None, version: hunyuan.Version,
+                 sampling: hunyuan.Sampling, settings: EngineSettings) -> dict[str, Any]:
+    s = sampling
+    image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
+    buf = io.BytesIO()
+    # lossless: the server sees the pixels the worker decoded; level 1 encodes several times
+    # faster than the default 6 for a few percent more bytes on loopback/LAN
+    image.save(buf, format="PNG", compress_level=1)
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    part = {"type": "image_url", "image_url": {"url": url}}
+    return {
+        "model": model,
+        "messages": image_messages(request, version, part),
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "repetition_penalty": float(request.params.get("repetition_penalty", s.repetition_penalty)),
+        "max_tokens": max(1, int(request.params.get("max_new_tokens", settings.max_new_tokens))),
+        "ignore_eos": bool(settings.extra.get("ignore_eos", False)),
+        "skip_special_tokens": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        # vLLM refuses a non-zero priority unless the server schedules by priority: the
+        # launcher starts it so (server_argv); set engine.scheduling: fcfs for others
+        **({"priority": request.priority} if settings.scheduling == "priority" and request.priority else {}),
+    }
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    #: per token: length of ``text`` once its chunk was added (to cut text at a token)
+    ends: list[int] = field(default_factory=list)
+    logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str | None = None
+    repetition: hunyuan.Repetition | None = None
+    generated: int = 0
+    checked: int = 0
+    endpoint: str = ""
+
+    def cut(self, keep: int) -> None:
+        """Keep the first ``keep`` tokens and the text streamed with them."""
+        self.text = self.text[: self.ends[keep - 1]] if keep > 0 else ""
+        del self.tokens[keep:], self.ends[keep:]
+
+    def add_chunk(self, chunk: Mapping[str, Any]) -> None:
+        """Fold one SSE chunk (text delta, token ids, logprobs, finish, usage) into the answer."""
+        if "error" in chunk:
+            raise EngineCrashed(f"vLLM error mid-stream: {str(chunk['error'])[:300]}")
+        for choice in chunk.get("choices") or []:
+            self.text += (choice.get("delta") or {}).get("content") or ""
+            for item in (choice.get("logprobs") or {}).get("content") or []:
+                self.tokens.append(_token_id(item.get("token", "")))
+                self.ends.append(len(self.text))
+                top = item.get("top_logprobs") or []
+                if top:
+                    self.logprobs.append([(_token_id(t["token"]), float(t["logprob"])) for t in top])
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+        usage = chunk.get("usage") or {}
+        self.generated = max(self.generated, len(self.tokens), int(usage.get("completion_tokens") or 0))
+
+    def looping(self, repetition_stop: int, final: bool) -> bool:
+        """Whether the tail loops (checked every ``REPETITION_CHECK_EVERY`` new tokens, and at the
+        end); a loop is cut to one copy of its unit and recorded in ``repetition``."""
+        if self.repetition is not None:
+            return True
+        if not final and len(self.tokens) - self.checked < REPETITION_CHECK_EVERY:
+            return False
+        self.checked = len(self.tokens)
+        kept, rep = cut_repetition(self.tokens, repetition_stop)
+        if rep is None:
+            return False
+        self.repetition = rep
+        self.cut(len(kept))
+        return True
+
+
+def _token_id(token: str) -> int:
+    match = _TOKEN_ID.search(token)
+    return int(match.group(1)) if match else -1
