@@ -129,7 +129,8 @@ def kombu_route(channel: Any) -> Callable[[dict[str, Any], str, str], str]:
     """Where kombu's own restore pushes a message: its queue's list for the message's priority."""
 
     def route(message: dict[str, Any], exchange: str, routing_key: str) -> str:
-        queue = channel._lookup(exchange, routing_key)[0]
+        # a list for the anonymous exchange Celery uses, a set for a named direct one
+        queue = sorted(channel._lookup(exchange, routing_key))[0]
         return str(channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False)))
 
     return route

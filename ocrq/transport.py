@@ -1,0 +1,178 @@
+"""The Redis broker transport ocrq runs on: kombu's, with a consume step that cannot drop a message.
+
+Kombu's Redis transport takes a message with ``BRPOP`` (the list pop is the whole hand-off) and
+records it in ``unacked`` afterwards, in a second round trip from Python (``QoS.append``). From
+the pop until that record the message exists only in a socket buffer or in the worker's memory;
+a ``kill -9`` of the worker, a Redis restart or a dropped connection in between loses it for
+good: no list, no ``unacked`` entry, nothing for ``visibility_timeout`` or ocrq's reaper to bring
+back (kombu#305, celery#7950; kombu#1733 closed only the channel-close case). Kombu 5.7 widened the
+window: a ``BRPOP`` reply that arrives when the prefetch window is full (ocrq narrows it once a
+second, worker.prefetch) is parked unread until credit returns, and a disconnect discards it.
+The chaos suite's combined scenario lost whole chunks that way (docs/reliability.md).
+
+Here the pop and the record are one Lua script (``claim``): it pops the first message of the
+consumer's lists, in kombu's priority order, and writes the ``unacked`` entry and index exactly
+as ``QoS.append`` would, atomically. Kombu's append then rewrites the same entry (harmless).
+Blocking moves to a per-queue wake-up list (``keys.queue_ring``): publishers push a token there
+beside each message, consumers ``BRPOP`` it with kombu's timeout and then claim. A token is only
+a hint: a lost or parked token (the old hazard) costs nothing, and a message published without
+one (kombu's own restore, ocrq's reaper, another client) is claimed at the next timeout (1 s).
+After a successful claim the next wait is near zero, so a backlog drains at full speed.
+
+Also: after Celery 5.7 loses the broker connection it closes the old connection twice (collect,
+then close); the second close restores the channel's unacked messages through a transport whose
+client is already gone and the worker dies with ``AttributeError: 'NoneType' … 'hostname'``
+(an "Unrecoverable error"). ``QoS.restore_unacked`` here leaves those messages in ``unacked``
+when the transport is gone: they are the reaper's to bring back (worker.reaper), and the worker
+reconnects instead of exiting.
+
+Selected by ``ocrq.queue.make_celery`` (``broker_transport``) for ``redis://`` and ``rediss://``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.transport import redis as kredis
+from kombu.transport.virtual import Empty
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from ocrq import keys
+
+log = logging.getLogger("ocrq.transport")
+
+#: the wait after a successful claim: a backlog is drained without blocking between messages
+CLAIM_AGAIN_S = 0.01
+
+# KEYS: unacked, unacked_index, then the lists to take from in priority order; ARGV: now.
+# Pops the first message and records it in unacked as kombu's QoS.append does
+# (entry = [message, exchange, routing_key]), in one atomic step. Returns {list, message} or nil.
+# The message is decoded before anything is written (a script error does not roll back writes):
+# one kombu could not parse either is popped and returned unrecorded, as kombu's pop would.
+_CLAIM_LUA = """
+for i = 3, #KEYS do
+  local raw = redis.call('LINDEX', KEYS[i], -1)
+  if raw then
+    local ok, m = pcall(cjson.decode, raw)
+    redis.call('RPOP', KEYS[i])
+    if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+      local props = m['properties']
+      local tag = props['delivery_tag']
+      local info = props['delivery_info']
+      if type(tag) == 'string' and type(info) == 'table' then
+        local ex, rk = info['exchange'], info['routing_key']
+        if type(ex) ~= 'string' then ex = '' end
+        if type(rk) ~= 'string' then rk = '' end
+        redis.call('ZADD', KEYS[2], ARGV[1], tag)
+        redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', ' .. cjson.encode(ex) .. ', ' .. cjson.encode(rk) .. ']')
+      end
+    end
+    return {KEYS[i], raw}
+  end
+end
+return false
+"""
+
+#: tokens kept per queue (a bound only: past it, claims after a success drain the rest)
+RING_CAP = 10_000
+
+
+class QoS(kredis.QoS):
+    def restore_unacked(self, client: Any = None) -> None:
+        if getattr(self.channel.connection, "client", None) is None:
+            # the transport was closed under us (Celery's collect-then-close after a lost
+            # connection): kombu would crash the worker building a client from nothing
+            if self._delivered:
+                log.warning("broker connection gone: leaving %d unacked message(s) to the dead-worker"
+                            " reaper", len(self._delivered))
+            self._delivered.clear()
+            return
+        super().restore_unacked(client)
+
+
+class Channel(kredis.Channel):
+    QoS = QoS
+
+    _claimed_last = False
+    _claim_queues: list[str] = []
+    _claim_script: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.ack_emulation or self.global_keyprefix:
+            # the claim script writes kombu's unacked records under their plain names
+            raise ValueError("ocrq's broker transport needs ack_emulation on and no global_keyprefix")
+
+    # -- publishing: a wake-up token beside each message ------------------------------------
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        batch = kwargs.get("_publish_batch")
+        super()._put(queue, message, **kwargs)
+        ring = keys.queue_ring(queue)
+        if batch is not None:
+            batch.add("lpush", ring, 1)
+            batch.add("ltrim", ring, 0, RING_CAP - 1)
+            return
+        with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+            pipe.lpush(ring, 1).ltrim(ring, 0, RING_CAP - 1).execute()
+
+    # -- consuming: wait on the rings, then claim atomically --------------------------------
+    def _brpop_start(self, timeout: float | None = None) -> None:
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        self._claim_queues = list(queues)
+        wait = CLAIM_AGAIN_S if self._claimed_last else (timeout or 0)
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = kredis.monotonic()
+        self.client.connection.send_command("BRPOP", *[keys.queue_ring(q) for q in queues], wait)
+
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            try:
+                # a token (or nil after the timeout): either way, look for work
+                self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()
+                raise
+            if getattr(self, "_closing", False):
+                raise Empty()  # closing: read the reply, take nothing more
+            claimed = self._claim(self._claim_queues)
+            self._claimed_last = claimed is not None
+            if claimed is None:
+                raise Empty()
+            dest, item = claimed
+            queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            self.connection._deliver(loads(bytes_to_str(item)), queue)
+            return True
+        finally:
+            self._in_poll = None
+            flush = getattr(self, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()
+
+    def _get(self, queue: str) -> Any:
+        claimed = self._claim([queue])
+        if claimed is None:
+            raise Empty()
+        return loads(bytes_to_str(claimed[1]))
+
+    def _claim(self, queues: list[str]) -> tuple[bytes, bytes] | None:
+        lists = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+        if not lists:
+            return None
+        with self.conn_or_acquire() as client:
+            if self._claim_script is None:
+                self._claim_script = client.register_script(_CLAIM_LUA)
+            out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *lists], args=[kredis.time()], client=client)
+        if not out:
+            return None
+        return out[0], out[1]
+
+
+class Transport(kredis.Transport):
+    Channel = Channel

@@ -1,0 +1,115 @@
+"""The broker hand-off (ocrq.transport): a consumer killed at the first moment its process holds a
+message, before kombu has recorded it unacked, loses nothing; the reaper brings the message back.
+Kombu's stock Redis transport pops with BRPOP and records afterwards, so the same kill left the
+message in no list and no unacked entry (the chaos suite's `all` scenario lost chunks so).
+Real redis-server, real consumer processes on ocrq's Celery app."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from kombu import Exchange, Producer, Queue
+
+from ocrq import keys
+from ocrq.queue import make_celery
+from ocrq.settings import Settings
+from ocrq.transport import Channel
+from worker.reaper import UNACKED, Reaper, kombu_route
+
+pytestmark = pytest.mark.integration
+
+QUEUE = "handoff"
+
+# A consumer on ocrq's Celery app. With DIE set it SIGKILLs itself when kombu's QoS.append is
+# called: the message has reached Python (popped from its list), not yet recorded by kombu.
+_CONSUMER = textwrap.dedent("""
+    import json, os, signal, sys
+    from kombu import Consumer, Exchange, Queue
+    from kombu.transport import redis as kredis
+    from ocrq.queue import make_celery
+    from ocrq.settings import Settings
+
+    url, die = sys.argv[1], sys.argv[2] == "die"
+    if die:
+        def append(self, message, tag):
+            os.kill(os.getpid(), signal.SIGKILL)
+        kredis.QoS.append = append
+    app = make_celery(Settings(redis={"url": url}))
+    got = []
+    with app.connection_for_read() as conn:
+        queue = Queue("%s", Exchange("%s", type="direct"), routing_key="%s")
+        with Consumer(conn, [queue], callbacks=[lambda body, msg: (got.append(body), msg.ack())],
+                      accept=["json"]):
+            deadline = __import__("time").monotonic() + 20
+            while not got and __import__("time").monotonic() < deadline:
+                try:
+                    conn.drain_events(timeout=1)
+                except TimeoutError:
+                    pass
+    print(json.dumps(got))
+""" % (QUEUE, QUEUE, QUEUE))
+
+
+def _consume(redis_url: str, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _CONSUMER, redis_url, mode], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _publish(app, body: dict) -> None:
+    queue = Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE)
+    with app.connection_for_write() as conn:
+        Producer(conn).publish(body, exchange=queue.exchange, routing_key=QUEUE, declare=[queue],
+                               serializer="json")
+
+
+def _queued(redis_client) -> int:
+    return sum(redis_client.llen(k) for k in redis_client.keys(f"{QUEUE}*"))
+
+
+def test_transport_is_ocrqs_and_rings(redis_url, redis_client):
+    app = make_celery(Settings(redis={"url": redis_url}))
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.default_channel, Channel)
+    _publish(app, {"n": 0})
+    assert _queued(redis_client) == 1 and redis_client.llen(keys.queue_ring(QUEUE)) == 1
+
+
+def test_a_consumer_killed_holding_an_unrecorded_message_loses_nothing(redis_url, redis_client):
+    app = make_celery(Settings(redis={"url": redis_url}))
+    _publish(app, {"n": 1})
+    assert _queued(redis_client) == 1
+    died = _consume(redis_url, "die")
+    assert died.returncode == -9, died.stderr[-2000:]
+    # popped from its list; with the atomic claim it is recorded unacked (stock kombu: nowhere)
+    assert _queued(redis_client) == 0
+    assert redis_client.hlen(UNACKED) == 1, "the message is in no list and not unacked: lost"
+    entry = json.loads(redis_client.hvals(UNACKED)[0])
+    assert entry[1:] == [QUEUE, QUEUE]
+    # nobody claims it: the reaper puts it back (no waiting, for the test), a consumer gets it
+    with app.connection_for_write() as conn:
+        reaper = Reaper(redis_client, kombu_route(conn.default_channel), dead_after=0, confirm=0)
+        assert reaper.sweep() == [] and len(reaper.sweep()) == 1
+    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 1
+    ok = _consume(redis_url, "keep")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout) == [{"n": 1}]
+    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+
+
+def test_a_message_published_without_a_wakeup_token_is_still_consumed(redis_url, redis_client):
+    """Kombu's own restore and the reaper push messages without a token: claimed at the next
+    BRPOP timeout (1 s)."""
+    app = make_celery(Settings(redis={"url": redis_url}))
+    _publish(app, {"n": 2})
+    redis_client.delete(keys.queue_ring(QUEUE))
+    t0 = time.monotonic()
+    ok = _consume(redis_url, "keep")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout) == [{"n": 2}]
+    assert time.monotonic() - t0 < 15
+    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
