@@ -35,9 +35,10 @@ import logging
 from typing import Any
 
 from kombu.transport import redis as kredis
+from kombu.transport import virtual
 from kombu.transport.virtual import Empty
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
+from kombu.utils.json import dumps, loads
 
 from ocrq import keys
 
@@ -79,17 +80,95 @@ return false
 RING_CAP = 10_000
 
 
+# KEYS: unacked, unacked_index; ARGV: tag, the delivery's index score. Removes the record only
+# while it is still this delivery's: a message redelivered meanwhile (same tag: kombu's tags are
+# per message) belongs to its new holder, whose record a late ack of the old copy must not erase.
+_ACK_LUA = """
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if score and tonumber(score) == tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
 class QoS(kredis.QoS):
+    """Kombu's Redis QoS with delivery-scoped records: each delivery remembers the index score it
+    wrote, and its ack, reject or restore touches the record only while that score is still there.
+    Kombu's delivery tag names the message, not the delivery, so after a redelivery (the reaper,
+    a restore at reconnect) a stale ack from the first holder used to delete the record of the
+    second, leaving a message it held in memory (a retry countdown) in no list at all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._scores: dict[str, float] = {}
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        delivery = message.delivery_info
+        now = kredis.time()
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: now}) \
+                .hset(self.unacked_key, delivery_tag,
+                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                .execute()
+        self._scores[delivery_tag] = now
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        self._forget(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            self.restore_by_tag(delivery_tag, leftmost=True)
+        else:
+            self._forget(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def _forget(self, delivery_tag: str) -> None:
+        score = self._scores.pop(delivery_tag, None)
+        if self._transport_gone():
+            log.warning("broker connection gone: the unacked record of %s stays for the reaper", delivery_tag)
+            return
+        with self.channel.conn_or_acquire() as client:
+            if score is None:  # not delivered through this QoS: kombu's unconditional removal
+                self._remove_from_indices(delivery_tag, client.pipeline()).execute()
+            else:
+                client.eval(_ACK_LUA, 2, self.unacked_key, self.unacked_index_key, delivery_tag, repr(score))
+
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        score = self._scores.pop(tag, None)
+
+        def restore_transaction(pipe: Any) -> None:
+            if score is not None and pipe.zscore(self.unacked_index_key, tag) != score:
+                pipe.multi()  # redelivered since: the record (if any) is another holder's
+                return
+            p = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if p:
+                m, ex, rk = loads(bytes_to_str(p))
+                self.channel._do_restore_message(m, ex, rk, pipe, leftmost)
+
+        with self.channel.conn_or_acquire(client) as conn:
+            conn.transaction(restore_transaction, self.unacked_key, self.unacked_index_key)
+
     def restore_unacked(self, client: Any = None) -> None:
-        if getattr(self.channel.connection, "client", None) is None:
+        if self._transport_gone():
             # the transport was closed under us (Celery's collect-then-close after a lost
             # connection): kombu would crash the worker building a client from nothing
             if self._delivered:
                 log.warning("broker connection gone: leaving %d unacked message(s) to the dead-worker"
                             " reaper", len(self._delivered))
             self._delivered.clear()
+            self._scores.clear()
             return
         super().restore_unacked(client)
+
+    def _transport_gone(self) -> bool:
+        return getattr(self.channel.connection, "client", None) is None
 
 
 class Channel(kredis.Channel):
@@ -127,7 +206,7 @@ class Channel(kredis.Channel):
         self._claim_queues = list(queues)
         wait = CLAIM_AGAIN_S if self._claimed_last else (timeout or 0)
         self._in_poll = self.client.connection
-        self._brpop_sent_at = kredis.monotonic()
+        self._brpop_sent_at = kredis.monotonic()  # type: ignore[assignment]  # kombu: None until sent
         self.client.connection.send_command("BRPOP", *[keys.queue_ring(q) for q in queues], wait)
 
     def _brpop_read(self, **options: Any) -> bool:
@@ -150,12 +229,12 @@ class Channel(kredis.Channel):
             self.connection._deliver(loads(bytes_to_str(item)), queue)
             return True
         finally:
-            self._in_poll = None
+            self._in_poll = None  # type: ignore[assignment]  # kombu's own reset
             flush = getattr(self, "_flush_brpop_reauth", None)
             if flush is not None:
                 flush()
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: str, timeout: Any = None) -> Any:
         claimed = self._claim([queue])
         if claimed is None:
             raise Empty()
@@ -168,7 +247,8 @@ class Channel(kredis.Channel):
         with self.conn_or_acquire() as client:
             if self._claim_script is None:
                 self._claim_script = client.register_script(_CLAIM_LUA)
-            out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *lists], args=[kredis.time()], client=client)
+            out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *lists],
+                                     args=[kredis.time()], client=client)
         if not out:
             return None
         return out[0], out[1]

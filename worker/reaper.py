@@ -137,14 +137,27 @@ def kombu_route(channel: Any) -> Callable[[dict[str, Any], str, str], str]:
 
 
 def channel_tags(consumer: Any) -> list[str]:
-    """Delivery tags the consumer's channel holds unacked (kombu's QoS record of deliveries)."""
+    """Delivery tags this worker holds unacked: its channel's (kombu's QoS record of deliveries),
+    plus those of chunks still running, whose channel may be an older one (after a lost broker
+    connection Celery reconnects on a new channel while the running chunks finish and ack)."""
+    from celery.worker import state as worker_state
+
     delivered = consumer.task_consumer.channel.qos._delivered
-    for _ in range(5):
-        try:
-            return [str(t) for t in list(delivered)]
-        except RuntimeError:  # changed size during iteration (the consumer thread appended)
-            continue
-    return [str(t) for t in list(delivered)]
+    tags: set[str] = set()
+    for source in (delivered, worker_state.active_requests):
+        for _ in range(5):
+            try:  # the consumer thread may change them while we read
+                items = list(source)
+                break
+            except RuntimeError:
+                continue
+        else:
+            items = []
+        if source is delivered:
+            tags.update(str(t) for t in items)
+        else:
+            tags.update(str(r.message.delivery_tag) for r in items if getattr(r, "message", None) is not None)
+    return sorted(tags)
 
 
 def make_reaper_step(redis_client: Callable[[], Any | None], dead_after: int,

@@ -189,6 +189,10 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
         notes.append(f"{ooms} OOMs logged by the workers (killed ones included)")
         if ooms == 0:
             outcome.problems.append("no OOM happened")
+    # a worker must ride out every fault but its own kill: Celery reports the rest as unrecoverable
+    crashes = sum(p.read_text(errors="replace").count("Unrecoverable error") for p in workers.logs.glob("*.log"))
+    if crashes:
+        outcome.problems.append(f"{crashes} worker crash(es) (Celery 'Unrecoverable error') in the logs")
     if special.check:
         records = {rec.id: rec for rec in client.index.scan(job.name)}
         outcome.problems += special.check(env, workers, records, notes)

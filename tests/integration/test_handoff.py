@@ -39,6 +39,11 @@ _CONSUMER = textwrap.dedent("""
         def append(self, message, tag):
             os.kill(os.getpid(), signal.SIGKILL)
         kredis.QoS.append = append
+        try:  # ocrq's QoS records deliveries itself
+            import ocrq.transport
+            ocrq.transport.QoS.append = append
+        except ImportError:
+            pass
     app = make_celery(Settings(redis={"url": url}))
     got = []
     with app.connection_for_read() as conn:
@@ -113,3 +118,28 @@ def test_a_message_published_without_a_wakeup_token_is_still_consumed(redis_url,
     assert json.loads(ok.stdout) == [{"n": 2}]
     assert time.monotonic() - t0 < 15
     assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+
+
+def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_url, redis_client):
+    """Kombu's delivery tag names the message, not the delivery. A first holder that acks after
+    the message was redelivered (the reaper, a restore at reconnect) used to delete the second
+    holder's unacked record: a retry countdown the second holder kept in memory was then in no
+    list and no record, gone with that worker."""
+    app = make_celery(Settings(redis={"url": redis_url}))
+    _publish(app, {"n": 3})
+    with app.connection_for_write() as first, app.connection_for_write() as second:
+        old = first.default_channel.basic_get(QUEUE)
+        assert old is not None and redis_client.hlen(UNACKED) == 1
+        # the first holder looks dead to the reaper: the message goes back and is taken again
+        reaper = Reaper(redis_client, kombu_route(first.default_channel), dead_after=0, confirm=0)
+        reaper.sweep()
+        assert reaper.sweep() == [old.delivery_tag]
+        new = second.default_channel.basic_get(QUEUE)
+        assert new is not None and new.delivery_tag == old.delivery_tag
+        old.ack()  # the first holder finishes late
+        assert redis_client.hlen(UNACKED) == 1, "the new holder's record was erased by a stale ack"
+        # the first holder's channel closing restores nothing of the new delivery (no duplicate)
+        first.default_channel.close()
+        assert _queued(redis_client) == 0 and redis_client.hlen(UNACKED) == 1
+        new.ack()
+        assert redis_client.hlen(UNACKED) == 0 and redis_client.zcard("unacked_index") == 0
