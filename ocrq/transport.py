@@ -12,12 +12,18 @@ The chaos suite's combined scenario lost whole chunks that way (docs/reliability
 
 Here the pop and the record are one Lua script (``claim``): it pops the first message of the
 consumer's lists, in kombu's priority order, and writes the ``unacked`` entry and index exactly
-as ``QoS.append`` would, atomically. Kombu's append then rewrites the same entry (harmless).
+as ``QoS.append`` would, atomically. The QoS's append then rewrites the entry (harmless).
 Blocking moves to a per-queue wake-up list (``keys.queue_ring``): publishers push a token there
 beside each message, consumers ``BRPOP`` it with kombu's timeout and then claim. A token is only
 a hint: a lost or parked token (the old hazard) costs nothing, and a message published without
 one (kombu's own restore, ocrq's reaper, another client) is claimed at the next timeout (1 s).
 After a successful claim the next wait is near zero, so a backlog drains at full speed.
+
+Records are delivery-scoped (``QoS``): kombu's delivery tag names the message, not the
+delivery, so once a message was redelivered (the reaper, a restore at reconnect) the first
+holder's late ack deleted the second holder's record, and a retry countdown the second holder
+kept in memory was then in no list and no record. Each delivery remembers the index score it
+wrote; its ack, reject or restore touches the record only while that score is still there.
 
 Also: after Celery 5.7 loses the broker connection it closes the old connection twice (collect,
 then close); the second close restores the channel's unacked messages through a transport whose
@@ -47,7 +53,8 @@ log = logging.getLogger("ocrq.transport")
 #: the wait after a successful claim: a backlog is drained without blocking between messages
 CLAIM_AGAIN_S = 0.01
 
-# KEYS: unacked, unacked_index, then the lists to take from in priority order; ARGV: now.
+# KEYS: unacked, unacked_index, then the lists to take from in priority order; ARGV: now, then per
+# list '1' to record (a consumer that acks) or '0' (a no-ack consumer: Celery's reply queues).
 # Pops the first message and records it in unacked as kombu's QoS.append does
 # (entry = [message, exchange, routing_key]), in one atomic step. Returns {list, message} or nil.
 # The message is decoded before anything is written (a script error does not roll back writes):
@@ -58,7 +65,7 @@ for i = 3, #KEYS do
   if raw then
     local ok, m = pcall(cjson.decode, raw)
     redis.call('RPOP', KEYS[i])
-    if ok and type(m) == 'table' and type(m['properties']) == 'table' then
+    if ARGV[i - 1] == '1' and ok and type(m) == 'table' and type(m['properties']) == 'table' then
       local props = m['properties']
       local tag = props['delivery_tag']
       local info = props['delivery_info']
@@ -179,6 +186,8 @@ class Channel(kredis.Channel):
     _claim_script: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: queues consumed without acks: what is taken from them is not recorded unacked
+        self._no_ack_queues: set[str] = set()
         super().__init__(*args, **kwargs)
         if not self.ack_emulation or self.global_keyprefix:
             # the claim script writes kombu's unacked records under their plain names
@@ -197,6 +206,22 @@ class Channel(kredis.Channel):
             pipe.lpush(ring, 1).ltrim(ring, 0, RING_CAP - 1).execute()
 
     # -- consuming: wait on the rings, then claim atomically --------------------------------
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        else:
+            self._no_ack_queues.discard(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        claimed = self._claim([queue], record=not no_ack)
+        if claimed is None:
+            return None
+        message = self.Message(loads(bytes_to_str(claimed[1])), channel=self)
+        if not no_ack:
+            self.qos.append(message, message.delivery_tag)
+        return message
+
     def _brpop_start(self, timeout: float | None = None) -> None:
         if timeout is None:
             timeout = self.brpop_timeout
@@ -240,15 +265,19 @@ class Channel(kredis.Channel):
             raise Empty()
         return loads(bytes_to_str(claimed[1]))
 
-    def _claim(self, queues: list[str]) -> tuple[bytes, bytes] | None:
-        lists = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
-        if not lists:
+    def _claim(self, queues: list[str], record: bool | None = None) -> tuple[bytes, bytes] | None:
+        """Take the first message of ``queues`` (kombu's priority order); record it unacked when
+        ``record`` (None: unless the queue's consumer is a no-ack one)."""
+        pairs = [(self._q_for_pri(q, pri), q) for pri in self.priority_steps for q in queues]
+        if not pairs:
             return None
+        flags = ["1" if (record if record is not None else q not in self._no_ack_queues) else "0"
+                 for _, q in pairs]
         with self.conn_or_acquire() as client:
             if self._claim_script is None:
                 self._claim_script = client.register_script(_CLAIM_LUA)
-            out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *lists],
-                                     args=[kredis.time()], client=client)
+            out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *(k for k, _ in pairs)],
+                                     args=[kredis.time(), *flags], client=client)
         if not out:
             return None
         return out[0], out[1]

@@ -19,17 +19,20 @@ from typing import Any
 
 import redis
 
+from bench.chaos.delays import KillLog
 from bench.services import free_port
 from ocrq.stack import redis_binary, stop_group, wait_worker_state
 
 
 @dataclass
 class Special:
-    """What a scenario changes beyond its fault: worker settings (env), its refs (from the
-    scenario's env and image count), and a check of the final records by id (appends notes,
+    """What a scenario changes beyond its fault: worker settings (env), a re-submit when the job
+    stalls, its refs (from the scenario's env and image count), and a check of the final records by id (appends notes,
     returns problems)."""
 
     env: dict[str, str] = field(default_factory=dict)
+    #: run the same submit again once the job has made no progress for this long (None: never)
+    resubmit_after_s: float | None = None
     refs: Callable[[Any, int], list[str]] | None = None
     check: Callable[[Any, Workers, dict[str, Any], list[str]], list[str]] | None = None
 
@@ -67,6 +70,16 @@ class RedisServer:
 
     def restart(self, down_s: float = 2.0) -> None:
         self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def crash(self, down_s: float = 2.0) -> None:
+        """SIGKILL (a crash, a power loss): with ``appendfsync everysec`` the last second of
+        writes may be missing from the AOF the restart loads."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(30)
+            self.proc = None
         time.sleep(down_s)
         self.start()
 
@@ -141,6 +154,8 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.names = [f"c{i}" for i in range(n)]
         self.kills = 0
+        #: what each kill's victim held (bench.chaos.delays)
+        self.kill_log = KillLog()
         #: processes started, first starts and restarts together
         self.starts = 0
         logs.mkdir(parents=True, exist_ok=True)
@@ -166,6 +181,11 @@ class Workers:
     def kill(self, name: str) -> None:
         proc = self.procs[name]
         if proc.poll() is None:
+            client = redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            try:
+                self.kill_log.snapshot(client, self.node(name))
+            finally:
+                client.close()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         self.kills += 1

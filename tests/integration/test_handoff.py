@@ -13,7 +13,7 @@ import textwrap
 import time
 
 import pytest
-from kombu import Exchange, Producer, Queue
+from kombu import Consumer, Exchange, Producer, Queue
 
 from ocrq import keys
 from ocrq.queue import make_celery
@@ -34,7 +34,7 @@ _CONSUMER = textwrap.dedent("""
     from ocrq.queue import make_celery
     from ocrq.settings import Settings
 
-    url, die = sys.argv[1], sys.argv[2] == "die"
+    url, die, name = sys.argv[1], sys.argv[2] == "die", sys.argv[3]
     if die:
         def append(self, message, tag):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -47,7 +47,7 @@ _CONSUMER = textwrap.dedent("""
     app = make_celery(Settings(redis={"url": url}))
     got = []
     with app.connection_for_read() as conn:
-        queue = Queue("%s", Exchange("%s", type="direct"), routing_key="%s")
+        queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
         with Consumer(conn, [queue], callbacks=[lambda body, msg: (got.append(body), msg.ack())],
                       accept=["json"]):
             deadline = __import__("time").monotonic() + 20
@@ -57,11 +57,11 @@ _CONSUMER = textwrap.dedent("""
                 except TimeoutError:
                     pass
     print(json.dumps(got))
-""" % (QUEUE, QUEUE, QUEUE))
+""")
 
 
 def _consume(redis_url: str, mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _CONSUMER, redis_url, mode], capture_output=True,
+    return subprocess.run([sys.executable, "-c", _CONSUMER, redis_url, mode, QUEUE], capture_output=True,
                           text=True, timeout=60)
 
 
@@ -143,3 +143,20 @@ def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_
         assert _queued(redis_client) == 0 and redis_client.hlen(UNACKED) == 1
         new.ack()
         assert redis_client.hlen(UNACKED) == 0 and redis_client.zcard("unacked_index") == 0
+
+
+def test_no_ack_consumers_leave_no_unacked_records(redis_url, redis_client):
+    """Celery's reply queues (``inspect``, results over the broker) consume without acks: what
+    they take must not be recorded, or it would sit in ``unacked`` for the reaper forever."""
+    app = make_celery(Settings(redis={"url": redis_url}))
+    _publish(app, {"n": 4})
+    _publish(app, {"n": 5})
+    queue = Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE)
+    got: list[dict] = []
+    with app.connection_for_read() as conn:
+        assert conn.default_channel.basic_get(QUEUE, no_ack=True) is not None
+        with Consumer(conn, [queue], callbacks=[lambda body, msg: got.append(body)], no_ack=True,
+                      accept=["json"]):
+            conn.drain_events(timeout=10)
+    assert len(got) == 1
+    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
