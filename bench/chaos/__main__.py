@@ -6,9 +6,10 @@ exit status 1 on any lost, duplicated or untrue record.
             Measured: per image the victim held, the time from the kill to its final record
             (bench.chaos.delays); a p99 over 120 s is a problem
     redis   redis-server (AOF, appendfsync everysec) restarted twice during the load
-    redis-crash  redis-server SIGKILLed (a crash: the AOF may miss its last second) right after the
-            submit and again under load; if the job then stalls, the same submit is run again
-            (the documented recovery) and counted
+    redis-crash  redis-server SIGKILLed right after the submit with its last second of AOF cut off
+            (a power loss under appendfsync everysec), then SIGKILLed again under load (a process
+            crash: the kernel keeps what Redis wrote); a job that stalls gets the same submit
+            again (the documented recovery), noted with what was not final
     s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
     oom     10% of engine batches raise a CUDA-style OOM
     all     kill + redis + s3 + oom at once
@@ -131,14 +132,17 @@ def redis_fault(at_s: tuple[float, ...]) -> Fault:
     return run
 
 
-def redis_crash_fault(at_s: tuple[float, ...]) -> Fault:
+def redis_crash_fault(plan: tuple[tuple[float, float], ...]) -> Fault:
+    """(at s, seconds of AOF lost): 0 is a process crash, 1 a power loss (bench.chaos.stack)."""
     def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
         t0 = time.monotonic()
-        for at in at_s:
+        for at, lose_s in plan:
             if stop.wait(max(0.0, at - (time.monotonic() - t0))):
                 return
-            env.redis.crash(down_s=2.0)
-            notes.append(f"redis killed -9 at {time.monotonic() - t0:.1f}s")
+            at_s = time.monotonic() - t0
+            cut = env.redis.crash(down_s=2.0, lose_s=lose_s)
+            notes.append(f"redis killed -9 at {at_s:.1f}s" + (f" with its last {lose_s:.0f}s of AOF lost"
+                                                              f" ({cut} bytes)" if lose_s else ""))
     return run
 
 
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     scenarios: list[tuple[str, dict[str, Any], Fault]] = [
         ("kill", {"image_latency_s": 0.01}, kill_fault(5.0 if args.quick else 15.0)),
         ("redis", {"image_latency_s": 0.01}, redis_fault((5.0, 12.0))),
-        ("redis-crash", {"image_latency_s": 0.01}, redis_crash_fault((0.3, 8.0))),
+        ("redis-crash", {"image_latency_s": 0.01}, redis_crash_fault(((0.3, 1.0), (8.0, 0.0)))),
         ("s3", {"image_latency_s": 0.01}, s3_fault(3.0, down)),
         ("oom", {"image_latency_s": 0.01, "oom_rate": 0.1}, no_fault),
         ("all", {"image_latency_s": 0.01, "oom_rate": 0.1},

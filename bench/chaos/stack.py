@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ class RedisServer:
         self.data = data
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        #: (when, AOF file, its size), the last few seconds (crash(lose_s=...))
+        self._sizes: deque[tuple[float, Path, int]] = deque(maxlen=100)
 
     def start(self) -> None:
         binary = redis_binary()
@@ -56,6 +59,7 @@ class RedisServer:
         for _ in range(600):
             try:
                 if client.ping():
+                    threading.Thread(target=self._sample, args=(self.proc,), daemon=True).start()
                     return
             except (redis.ConnectionError, redis.BusyLoadingError):
                 time.sleep(0.05)
@@ -73,15 +77,48 @@ class RedisServer:
         time.sleep(down_s)
         self.start()
 
-    def crash(self, down_s: float = 2.0) -> None:
-        """SIGKILL (a crash, a power loss): with ``appendfsync everysec`` the last second of
-        writes may be missing from the AOF the restart loads."""
+    def crash(self, down_s: float = 2.0, lose_s: float = 0.0) -> int:
+        """SIGKILL of redis-server. Redis writes the AOF before it replies, so a process crash
+        keeps every acknowledged write (the kernel still has them); a power loss also loses what
+        was not fsynced yet, up to a second with ``appendfsync everysec``. ``lose_s`` emulates
+        that: the AOF is cut back to its size ``lose_s`` seconds before the kill (sampled every
+        50 ms) before the restart loads it (``aof-load-truncated``, on by default, drops a torn
+        last command). Returns the bytes cut."""
+        cut = 0
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait(30)
             self.proc = None
+        if lose_s:
+            cut = self._truncate(time.monotonic() - lose_s)
         time.sleep(down_s)
         self.start()
+        return cut
+
+    def _aof(self) -> Path | None:
+        found = sorted((self.data / "appendonlydir").glob("*.incr.aof"),
+                       key=lambda p: int(p.name.split(".")[-3]))
+        return found[-1] if found else None
+
+    def _sample(self, proc: subprocess.Popen[bytes]) -> None:
+        while self.proc is proc and proc.poll() is None:
+            aof = self._aof()
+            if aof is not None:
+                try:
+                    self._sizes.append((time.monotonic(), aof, aof.stat().st_size))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def _truncate(self, at: float) -> int:
+        aof = self._aof()
+        before = [(t, p, n) for t, p, n in self._sizes if t <= at and p == aof]
+        if aof is None or not before:
+            return 0
+        size = aof.stat().st_size
+        keep = before[-1][2]
+        os.truncate(aof, keep)
+        return size - keep
 
 
 class CuttableProxy:
