@@ -117,7 +117,6 @@ def kill_fault(every_s: float) -> Fault:
         while not stop.wait(every_s):
             name = workers.kill_random(rng)
             workers.start(name)
-        notes.append(f"{workers.kills} kills")
     return run
 
 
@@ -209,6 +208,8 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     thread = threading.Thread(target=fault, args=(env, workers, stop, notes), daemon=True)
     thread.start()
     wait_final(client, job, refs, ids, special, t0 + timeout_s, notes)
+    if workers.kills:
+        notes.append(f"{workers.kills} kills while the job ran")
     wall = time.monotonic() - t0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the job's export (ocrq.finish_job) runs once it finished
