@@ -65,11 +65,11 @@ def _consume(redis_url: str, mode: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-def _publish(app, body: dict) -> None:
+def _publish(app, body: dict, priority: int = 0) -> None:
     queue = Queue(QUEUE, Exchange(QUEUE, type="direct"), routing_key=QUEUE)
     with app.connection_for_write() as conn:
         Producer(conn).publish(body, exchange=queue.exchange, routing_key=QUEUE, declare=[queue],
-                               serializer="json")
+                               serializer="json", priority=priority)
 
 
 def _queued(redis_client) -> int:
@@ -159,4 +159,19 @@ def test_no_ack_consumers_leave_no_unacked_records(redis_url, redis_client):
                       accept=["json"]):
             conn.drain_events(timeout=10)
     assert len(got) == 1
+    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+
+
+def test_the_claim_keeps_kombus_priority_order(redis_url, redis_client):
+    """One list per priority level (0 most urgent, as Celery on Redis orders them); within a
+    level, first in first out."""
+    app = make_celery(Settings(redis={"url": redis_url}))
+    for n, priority in ((1, 9), (2, 0), (3, 5), (4, 0)):
+        _publish(app, {"n": n}, priority)
+    with app.connection_for_read() as conn:
+        got = [conn.default_channel.basic_get(QUEUE) for _ in range(4)]
+        assert [m.decode()["n"] for m in got] == [2, 4, 3, 1]
+        assert redis_client.hlen(UNACKED) == 4
+        for m in got:
+            m.ack()
     assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
