@@ -18,12 +18,12 @@ from __future__ import annotations
 from celery import Celery
 
 from ocrq.settings import Settings
+from ocrq.transport import install as install_transport
 
 
 def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
+    install_transport()
     app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
-    if settings.redis.url.split("://", 1)[0] in ("redis", "rediss"):
-        app.conf.broker_transport = "ocrq.transport:Transport"
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -32,7 +32,8 @@ client is already gone and the worker dies with ``AttributeError: 'NoneType' …
 when the transport is gone: they are the reaper's to bring back (worker.reaper), and the worker
 reconnects instead of exiting.
 
-Selected by ``ocrq.queue.make_celery`` (``broker_transport``) for ``redis://`` and ``rediss://``.
+``ocrq.queue.make_celery`` calls ``install()``: the ``redis`` and ``rediss`` transport aliases then
+name this class, so broker URLs keep their scheme (Flower picks its broker reader from it).
 """
 
 from __future__ import annotations
@@ -285,3 +286,13 @@ class Channel(kredis.Channel):
 
 class Transport(kredis.Transport):
     Channel = Channel
+
+
+def install() -> None:
+    """Make ``redis://`` and ``rediss://`` connections in this process use ocrq's transport."""
+    import kombu.transport as kt
+
+    for scheme in ("redis", "rediss"):
+        if kt.TRANSPORT_ALIASES.get(scheme) != f"{__name__}:Transport":
+            kt.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+            kt._transport_cache.pop(scheme, None)
