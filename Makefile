@@ -75,13 +75,12 @@ test: install-vllm check-ops
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
-	@# the combined `all` scenario currently loses images (docs/reliability.md, issue 14 open):
-	@# `make reliability-quick` and `make reliability` run it; CI runs the scenarios that hold
-	$(PY) -m bench.chaos --quick --only kill redis s3 oom decoder security
+	$(PY) -m bench.chaos --quick
 
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
-# workers and moto's S3 under kills, Redis restarts, an S3 outage and an OOM storm; the table
-# goes to docs/reliability.md. The quick form (part of `make test`) uses short reaper timings.
+# workers and moto's S3 under kills, Redis restarts and crashes, an S3 outage, an OOM storm, all
+# at once, poison files and the security checks; the table goes to docs/reliability.md. The
+# quick form (part of `make test`) uses short reaper timings.
 reliability: install test-prereqs
 	$(PY) -m bench.chaos
 

@@ -22,6 +22,9 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
     ocrq:consumers:{queue}            ZSET  worker hostname -> last seen (epoch s)   1 h, refreshed 1/s
+    ocrq:ring:{queue}                 LIST  wake-up tokens, one pushed beside each published message;
+                                            workers BRPOP it, then claim a message atomically
+                                            (ocrq.transport)                     capped at 10,000
 
 Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
 ``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
@@ -94,6 +97,11 @@ def queue_consumers(queue: str) -> str:
     """Workers consuming ``queue``, scored by when each last said so (once a second): how many
     share it, so each reserves an equal share of a shallow queue (worker.prefetch)."""
     return f"{PREFIX}consumers:{queue}"
+
+
+def queue_ring(queue: str) -> str:
+    """Wake-up tokens for ``queue``'s consumers (ocrq.transport): a hint, never the message."""
+    return f"{PREFIX}ring:{queue}"
 
 
 #: a queue's consumer set outlives its last worker by this long

@@ -9,6 +9,8 @@ Choices (docs/ARCHITECTURE.md explains them):
 - prefetch multiplier 1: a worker reserves at most ``concurrency`` chunks, and the prefetch
   window is further narrowed by the governor (worker.prefetch) so no worker hoards the queue.
 - task events on, so Flower shows workers, tasks, retries and failures.
+- on Redis, ocrq's broker transport (ocrq.transport): a worker takes a message and records it
+  unacked in one atomic step, so a kill or a Redis restart at that moment loses nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from __future__ import annotations
 from celery import Celery
 
 from ocrq.settings import Settings
+from ocrq.transport import install as install_transport
 
 
 def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
+    install_transport()
     app = Celery(name, broker=settings.redis.url, backend=settings.redis.url)
     app.conf.update(
         task_serializer="json",

@@ -117,7 +117,13 @@ class Reaper:
             for part in (message.get("headers"), message.get("properties", {}).get("delivery_info")):
                 if isinstance(part, dict):
                     part["redelivered"] = True
-            args += [tag, entry, self.route(message, exchange, routing_key), dumps(message)]
+            try:
+                target = self.route(message, exchange, routing_key)
+            except Exception:  # one message kombu cannot route must not stop the sweep
+                log.warning("cannot route unacked message %r (exchange %r, key %r)", tag, exchange, routing_key,
+                            exc_info=True)
+                continue
+            args += [tag, entry, target, dumps(message)]
         restored = self._script(keys=[UNACKED, UNACKED_INDEX, keys.REAPER_SUSPECTS, *held], args=args)
         out = [t.decode() if isinstance(t, bytes) else str(t) for t in restored]
         if out:
@@ -129,14 +135,19 @@ def kombu_route(channel: Any) -> Callable[[dict[str, Any], str, str], str]:
     """Where kombu's own restore pushes a message: its queue's list for the message's priority."""
 
     def route(message: dict[str, Any], exchange: str, routing_key: str) -> str:
-        queue = channel._lookup(exchange, routing_key)[0]
+        # a list for the anonymous exchange Celery uses, a set for a named direct one
+        queue = sorted(channel._lookup(exchange, routing_key))[0]
         return str(channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False)))
 
     return route
 
 
 def channel_tags(consumer: Any) -> list[str]:
-    """Delivery tags the consumer's channel holds unacked (kombu's QoS record of deliveries)."""
+    """Delivery tags the consumer's channel holds unacked (kombu's QoS record of deliveries).
+    Chunks still running on an older channel (after a lost broker connection) are not claimed:
+    Celery may keep such a request listed as active forever, and a claim would pin its message;
+    the reaper may redeliver it instead, and the late ack of the old copy cannot erase the new
+    delivery's record (ocrq.transport's delivery-scoped acks)."""
     delivered = consumer.task_consumer.channel.qos._delivered
     for _ in range(5):
         try:
@@ -144,6 +155,13 @@ def channel_tags(consumer: Any) -> list[str]:
         except RuntimeError:  # changed size during iteration (the consumer thread appended)
             continue
     return [str(t) for t in list(delivered)]
+
+
+def _release_quietly(conn: Any) -> None:
+    try:
+        conn.release()
+    except Exception:  # a broken connection is being dropped anyway
+        log.debug("closing the reaper's broker connection failed", exc_info=True)
 
 
 def make_reaper_step(redis_client: Callable[[], Any | None], dead_after: int,
@@ -169,9 +187,12 @@ def make_reaper_step(redis_client: Callable[[], Any | None], dead_after: int,
             for tref in self.trefs:
                 tref.cancel()
             self.trefs = []
-            if self.conn is not None:
-                self.conn.release()
-                self.conn = None
+            self.stop_reaper()
+
+        def stop_reaper(self) -> None:
+            conn, self.conn, self.reaper = self.conn, None, None
+            if conn is not None:
+                _release_quietly(conn)
 
         def claim(self, c: Any) -> None:
             client = redis_client()
@@ -194,5 +215,6 @@ def make_reaper_step(redis_client: Callable[[], Any | None], dead_after: int,
                 self.reaper.sweep()
             except Exception:
                 log.warning("dead-worker sweep failed", exc_info=True)
+                self.stop_reaper()  # a fresh connection and channel next time
 
     return DeadWorkerReaper

@@ -2,8 +2,14 @@
 exit status 1 on any lost, duplicated or untrue record.
 
     kill    SIGKILL of a random worker every few seconds, restarted each time; the default
-            visibility_timeout (3600 s): the reaper (worker.reaper) brings the chunks back
+            visibility_timeout (3600 s): the reaper (worker.reaper) brings the chunks back.
+            Measured: per image the victim held, the time from the kill to its final record
+            (bench.chaos.delays); a p99 over 120 s is a problem
     redis   redis-server (AOF, appendfsync everysec) restarted twice during the load
+    redis-crash  redis-server SIGKILLed right after the submit with its last second of AOF cut off
+            (a power loss under appendfsync everysec), then SIGKILLed again under load (a process
+            crash: the kernel keeps what Redis wrote); a job that stalls gets the same submit
+            again (the documented recovery), noted with what was not final
     s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
     oom     10% of engine batches raise a CUDA-style OOM
     all     kill + redis + s3 + oom at once
@@ -39,6 +45,7 @@ from typing import Any
 import boto3
 import redis
 
+from bench.chaos.delays import KILL_DELAY_P99_MAX_S, KillDelays, kill_delays
 from bench.chaos.poison import poison_special
 from bench.chaos.security import run_security
 from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
@@ -57,6 +64,7 @@ class Run:
     outcome: Outcome
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    kill_delays: KillDelays | None = None
 
 
 @dataclass
@@ -109,7 +117,6 @@ def kill_fault(every_s: float) -> Fault:
         while not stop.wait(every_s):
             name = workers.kill_random(rng)
             workers.start(name)
-        notes.append(f"{workers.kills} kills")
     return run
 
 
@@ -121,6 +128,20 @@ def redis_fault(at_s: tuple[float, ...]) -> Fault:
                 return
             env.redis.restart(down_s=2.0)
             notes.append(f"redis restarted at {time.monotonic() - t0:.0f}s")
+    return run
+
+
+def redis_crash_fault(plan: tuple[tuple[float, float], ...]) -> Fault:
+    """(at s, seconds of AOF lost): 0 is a process crash, 1 a power loss (bench.chaos.stack)."""
+    def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        t0 = time.monotonic()
+        for at, lose_s in plan:
+            if stop.wait(max(0.0, at - (time.monotonic() - t0))):
+                return
+            at_s = time.monotonic() - t0
+            cut = env.redis.crash(down_s=2.0, lose_s=lose_s)
+            notes.append(f"redis killed -9 at {at_s:.1f}s" + (f" with its last {lose_s:.0f}s of AOF lost"
+                                                              f" ({cut} bytes)" if lose_s else ""))
     return run
 
 
@@ -145,6 +166,31 @@ def together(*faults: Fault) -> Fault:
     return run
 
 
+def wait_final(client: Client, job: Any, refs: list[str], ids: set[str], special: Special, deadline: float,
+               notes: list[str]) -> None:
+    """Until every accepted image is final (or the deadline). With ``special.resubmit_after_s``,
+    a job that made no progress for that long gets the same submit again (the documented recovery
+    after a Redis crash), noted with what was not final and what the re-submit published."""
+    progress, moved = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            counts = job.status()
+            final = counts["done"] + counts["failed"]
+            # a crashed Redis may have lost records too: the target is every accepted image
+            if final >= max(counts["total"], len(ids)):
+                return
+            if final != progress:
+                progress, moved = final, time.monotonic()
+            elif special.resubmit_after_s and time.monotonic() - moved > special.resubmit_after_s:
+                again = client.submit(refs, job=job.name, params={"scenario": job.name.removeprefix("chaos-")})
+                notes.append(f"stalled {time.monotonic() - moved:.0f}s at {final}/{len(ids)} final"
+                             f" ({len(ids) - final} not final); re-submit published {again.published}")
+                moved = time.monotonic()
+        except redis.RedisError:
+            pass
+        time.sleep(1.0)
+
+
 def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault, timeout_s: float,
                  special: Special | None = None) -> Run:
     special = special or Special()
@@ -161,14 +207,9 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     notes: list[str] = []
     thread = threading.Thread(target=fault, args=(env, workers, stop, notes), daemon=True)
     thread.start()
-    deadline = t0 + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if job.finished():
-                break
-        except redis.RedisError:
-            pass
-        time.sleep(1.0)
+    wait_final(client, job, refs, ids, special, t0 + timeout_s, notes)
+    if workers.kills:
+        notes.append(f"{workers.kills} kills while the job ran")
     wall = time.monotonic() - t0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the job's export (ocrq.finish_job) runs once it finished
@@ -189,12 +230,21 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
         notes.append(f"{ooms} OOMs logged by the workers (killed ones included)")
         if ooms == 0:
             outcome.problems.append("no OOM happened")
+    # a worker must ride out every fault but its own kill: Celery reports the rest as unrecoverable
+    crashes = sum(p.read_text(errors="replace").count("Unrecoverable error") for p in workers.logs.glob("*.log"))
+    if crashes:
+        outcome.problems.append(f"{crashes} worker crash(es) (Celery 'Unrecoverable error') in the logs")
+    records = {rec.id: rec for rec in client.index.scan(job.name)}
+    delays = kill_delays(workers.kill_log, records)
+    if delays is not None:
+        notes.append(delays.note())
+        if delays.p99 > KILL_DELAY_P99_MAX_S:
+            outcome.problems.append(f"kill delay p99 {delays.p99:.0f} s > {KILL_DELAY_P99_MAX_S:.0f} s")
     if special.check:
-        records = {rec.id: rec for rec in client.index.scan(job.name)}
         outcome.problems += special.check(env, workers, records, notes)
     workers.stop_all()
     client.close()
-    return Run(name, outcome, wall, notes)
+    return Run(name, outcome, wall, notes, delays)
 
 
 def table(runs: list[Run]) -> str:
@@ -208,6 +258,15 @@ def table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def as_json(run: Run) -> dict[str, Any]:
+    o = run.outcome
+    return {"scenario": run.name, "images": o.images, "done": o.done, "failed": dict(o.failed), "lost": o.lost,
+            "duplicated": o.duplicated, "problems": o.problems, "wall_s": round(run.wall_s, 1), "notes": run.notes,
+            "kill_delay_s": None if run.kill_delays is None else {
+                "images": run.kill_delays.images, "p50": round(run.kill_delays.p50, 1),
+                "p99": round(run.kill_delays.p99, 1), "max": round(run.kill_delays.max, 1)}}
+
+
 def report(run: Run) -> None:
     print(f"{run.name}: {run.outcome.done} done, {dict(run.outcome.failed)} failed, lost {run.outcome.lost},"
           f" problems {run.outcome.problems[:5]} ({run.wall_s:.0f}s; {'; '.join(run.notes)})", flush=True)
@@ -218,19 +277,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--images", type=int, default=None)
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the runs here (JSON)")
     args = parser.parse_args(argv)
     n = args.images or 2000
     down = 10.0 if args.quick else 30.0
     scenarios: list[tuple[str, dict[str, Any], Fault]] = [
         ("kill", {"image_latency_s": 0.01}, kill_fault(5.0 if args.quick else 15.0)),
         ("redis", {"image_latency_s": 0.01}, redis_fault((5.0, 12.0))),
+        ("redis-crash", {"image_latency_s": 0.01}, redis_crash_fault(((0.3, 1.0), (8.0, 0.0)))),
         ("s3", {"image_latency_s": 0.01}, s3_fault(3.0, down)),
         ("oom", {"image_latency_s": 0.01, "oom_rate": 0.1}, no_fault),
         ("all", {"image_latency_s": 0.01, "oom_rate": 0.1},
          together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),
         ("decoder", {"image_latency_s": 0.01}, no_fault),
     ]
-    specials = {"decoder": poison_special()}
+    specials = {"decoder": poison_special(),
+                "redis-crash": Special(resubmit_after_s=30.0 if args.quick else 150.0)}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     root = Path(tempfile.mkdtemp(prefix="ocrq-chaos-"))
     from moto.server import ThreadedMotoServer
@@ -268,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         moto.stop()
     print(table(runs))
+    if args.json:
+        args.json.write_text(json.dumps([as_json(r) for r in runs], indent=2))
     bad = [r for r in runs if not r.outcome.ok]
     if bad:
         print(f"FAILED: {', '.join(r.name for r in bad)} (logs under {root})", file=sys.stderr)

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bench.chaos.stack import Workers
-from bench.chaos.verify import Outcome, verify
+from bench.chaos.verify import Outcome, queue_lists, verify
 from bench.services import free_port
 from ocrq import keys
 from ocrq.errors import TooLarge
@@ -207,7 +207,7 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
             problems.append("the refused submission with an over-long ref left records")
         # messages published before the workers start: what the broker's bodies carry in flight
         job = client.submit(refs, job="sec-main")
-        bodies = "\n".join(message_body(x) for k in r.scan_iter(match=f"{settings.queue.name}*", _type="list")
+        bodies = "\n".join(message_body(x) for k in queue_lists(r, settings.queue.name)
                            for x in r.lrange(k, 0, -1))
         carried = sum(s in bodies for s in signatures)
         notes.append(f"in-flight broker bodies carry {carried}/{len(signatures)} presigned refs (Redis, TLS+password)")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,17 +20,20 @@ from typing import Any
 
 import redis
 
+from bench.chaos.delays import KillLog
 from bench.services import free_port
 from ocrq.stack import redis_binary, stop_group, wait_worker_state
 
 
 @dataclass
 class Special:
-    """What a scenario changes beyond its fault: worker settings (env), its refs (from the
-    scenario's env and image count), and a check of the final records by id (appends notes,
+    """What a scenario changes beyond its fault: worker settings (env), a re-submit when the job
+    stalls, its refs (from the scenario's env and image count), and a check of the final records by id (appends notes,
     returns problems)."""
 
     env: dict[str, str] = field(default_factory=dict)
+    #: run the same submit again once the job has made no progress for this long (None: never)
+    resubmit_after_s: float | None = None
     refs: Callable[[Any, int], list[str]] | None = None
     check: Callable[[Any, Workers, dict[str, Any], list[str]], list[str]] | None = None
 
@@ -40,6 +44,8 @@ class RedisServer:
         self.data = data
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        #: (when, AOF file, its size), the last few seconds (crash(lose_s=...))
+        self._sizes: deque[tuple[float, Path, int]] = deque(maxlen=100)
 
     def start(self) -> None:
         binary = redis_binary()
@@ -53,6 +59,7 @@ class RedisServer:
         for _ in range(600):
             try:
                 if client.ping():
+                    threading.Thread(target=self._sample, args=(self.proc,), daemon=True).start()
                     return
             except (redis.ConnectionError, redis.BusyLoadingError):
                 time.sleep(0.05)
@@ -69,6 +76,49 @@ class RedisServer:
         self.stop()
         time.sleep(down_s)
         self.start()
+
+    def crash(self, down_s: float = 2.0, lose_s: float = 0.0) -> int:
+        """SIGKILL of redis-server. Redis writes the AOF before it replies, so a process crash
+        keeps every acknowledged write (the kernel still has them); a power loss also loses what
+        was not fsynced yet, up to a second with ``appendfsync everysec``. ``lose_s`` emulates
+        that: the AOF is cut back to its size ``lose_s`` seconds before the kill (sampled every
+        50 ms) before the restart loads it (``aof-load-truncated``, on by default, drops a torn
+        last command). Returns the bytes cut."""
+        cut = 0
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(30)
+            self.proc = None
+        if lose_s:
+            cut = self._truncate(time.monotonic() - lose_s)
+        time.sleep(down_s)
+        self.start()
+        return cut
+
+    def _aof(self) -> Path | None:
+        found = sorted((self.data / "appendonlydir").glob("*.incr.aof"),
+                       key=lambda p: int(p.name.split(".")[-3]))
+        return found[-1] if found else None
+
+    def _sample(self, proc: subprocess.Popen[bytes]) -> None:
+        while self.proc is proc and proc.poll() is None:
+            aof = self._aof()
+            if aof is not None:
+                try:
+                    self._sizes.append((time.monotonic(), aof, aof.stat().st_size))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def _truncate(self, at: float) -> int:
+        aof = self._aof()
+        before = [(t, p, n) for t, p, n in self._sizes if t <= at and p == aof]
+        if aof is None or not before:
+            return 0
+        size = aof.stat().st_size
+        keep = before[-1][2]
+        os.truncate(aof, keep)
+        return size - keep
 
 
 class CuttableProxy:
@@ -141,6 +191,8 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.names = [f"c{i}" for i in range(n)]
         self.kills = 0
+        #: what each kill's victim held (bench.chaos.delays)
+        self.kill_log = KillLog()
         #: processes started, first starts and restarts together
         self.starts = 0
         logs.mkdir(parents=True, exist_ok=True)
@@ -166,6 +218,11 @@ class Workers:
     def kill(self, name: str) -> None:
         proc = self.procs[name]
         if proc.poll() is None:
+            client = redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
+            try:
+                self.kill_log.snapshot(client, self.node(name))
+            finally:
+                client.close()
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         self.kills += 1

@@ -72,10 +72,16 @@ def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[s
             out.problems.append(f"{image_id}: document says {result.record.status}, index says {rec.status}")
     out.problems += _export_problems(store, job, len(ids))
     unacked = int(redis.hlen("unacked"))
-    queued = sum(int(redis.llen(k)) for k in redis.scan_iter(match=f"{queue}*", _type="list"))
+    queued = sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
     if unacked or queued:
         out.problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
     return out
+
+
+def queue_lists(redis: Any, queue: str) -> list[bytes]:
+    """The broker's lists for ``queue`` (one per priority level), not ocrq's own ``ocrq:`` keys
+    (the queue's wake-up tokens, ``keys.queue_ring``, are a list too)."""
+    return [k for k in redis.scan_iter(match=f"{queue}*", _type="list") if not k.startswith(keys.PREFIX.encode())]
 
 
 def _export_problems(store: ResultStore, job: str, images: int) -> list[str]:

@@ -110,3 +110,18 @@ def test_a_killed_workers_chunks_come_back_without_the_visibility_timeout(redis_
     assert redis_client.hlen(UNACKED) == 0
     log = (tmp_path / "worker-rescuer.log").read_text()
     assert "restored" in log and all(t.decode() in log for t in lost), log[-3000:]
+
+
+def test_a_message_that_cannot_be_routed_does_not_stop_the_sweep(redis_client):
+    def route(message, exchange, routing_key):
+        if message["body"] == "unroutable":
+            raise AttributeError("'NoneType' object has no attribute 'state'")
+        return "q"
+
+    now = 10_000.0
+    reaper = Reaper(redis_client, route, dead_after=60, confirm=0)
+    _deliver(redis_client, "unroutable", now - 500)
+    _deliver(redis_client, "dead-old", now - 500)
+    reaper.sweep(now)
+    assert reaper.sweep(now + 1) == ["dead-old"]
+    assert redis_client.hkeys(UNACKED) == [b"unroutable"]
