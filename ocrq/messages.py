@@ -41,6 +41,9 @@ class Chunk(BaseModel):
     #: also runs a more urgent image first, so a small urgent job does not wait behind the images
     #: a worker already holds for a bulk one
     priority: int = 0
+    #: when this chunk first failed as a whole on a retryable error (epoch s; ocrq's store or
+    #: Redis away), kept across its hand-backs: the outage, not the images, spends that time
+    outage_since: float | None = None
 
     def to_message(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -178,6 +178,11 @@ class QueueSettings(BaseModel):
     max_attempts: int = 4
     backoff_base: float = 2.0
     backoff_max: float = 300.0
+    #: a chunk that fails as a whole on a retryable error (ocrq's own store or Redis away, not the
+    #: image) goes back without spending its images' attempts, for up to this long, waiting about
+    #: as long as the outage has lasted (≥ backoff_base, ≤ backoff_max) between tries; past it,
+    #: attempts count again and the images end as RetriesExhausted naming the outage
+    outage_retry_s: float = 3600.0
     #: seconds a chunk attempt waits for engine results; images still unfinished then are
     #: retried as EngineTimeout (Celery's own time limits do not apply to the threads pool)
     time_limit: int = 1800

@@ -48,6 +48,8 @@ class ChunkReport:
     failed: int = 0
     retry: list[Item] = field(default_factory=list)
     countdown: float = 0.0
+    #: the retry message's ``Chunk.outage_since`` (None: not an outage hand-back)
+    outage_since: float | None = None
     #: (ref, error type, message) of each image that failed for good in this attempt
     failures: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -266,7 +268,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             except Exception:  # the results stand; `ocrq export JOB` writes the export later
                 log.exception("! could not publish the export of job=%s", chunk.job)
         if report.retry:
-            retry_msg = chunk.model_copy(update={"items": report.retry}).to_message()
+            retry_msg = chunk.model_copy(update={"items": report.retry,
+                                                 "outage_since": report.outage_since}).to_message()
             try:
                 self.retry(args=(retry_msg,), countdown=report.countdown,  # raises Retry
                            argsrepr=chunk_argsrepr(retry_msg))
@@ -297,6 +300,23 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
 def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | None) -> ChunkReport:
     log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
     report = ChunkReport()
+    q = ctx.settings.queue
+    now = time.time()
+    since = chunk.outage_since if chunk.outage_since is not None else now
+    if err.retryable and now - since < q.outage_retry_s:
+        # ocrq's own store or Redis is away, not the images: they go back with their attempts
+        # unspent (a 10 s S3 outage used to exhaust some images' four attempts), the wait
+        # growing with the outage and never below backoff_base (no spin)
+        report.retry = list(chunk.items)
+        report.outage_since = since
+        report.countdown = backoff(1, max(q.backoff_base, min(q.backoff_max, now - since)), q.backoff_max)
+        records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) for it in chunk.items]
+        ctx.metrics.observe_records(chunk.task, records)
+        try:
+            ctx.index.record(records)
+        except Exception:
+            log.exception("! could not record chunk outage for job=%s", chunk.job)
+        return report
     records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
     failed = [rec for rec in records if rec.status is ImageStatus.failed]
     try:

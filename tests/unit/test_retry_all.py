@@ -1,9 +1,11 @@
-"""A chunk that failed as a whole (worker.tasks._retry_all) when its final failures cannot be
-stored: handed back, never acked as "running". The context is a fake (``FakeContext``) whose
-store is down; the retry policy is the real one."""
+"""A chunk that failed as a whole (worker.tasks._retry_all): an outage of ocrq's own store or Redis
+does not spend its images' attempts (for up to ``queue.outage_retry_s``); past that, final
+failures that cannot be stored are handed back, never acked as "running". The context is a fake
+(``FakeContext``) whose store is down or up; the retry policy is the real one."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,14 +48,36 @@ class FakeContext:
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
 
 
-def _chunk() -> Chunk:
+def _chunk(outage_since: float | None = None) -> Chunk:
     # a: last attempt (its failure is final); b: still has attempts left
-    return Chunk(job="j", items=[Item(id="a", ref="/x/a.png", attempt=4), Item(id="b", ref="/x/b.png", attempt=1)])
+    return Chunk(job="j", items=[Item(id="a", ref="/x/a.png", attempt=4), Item(id="b", ref="/x/b.png", attempt=1)],
+                 outage_since=outage_since)
+
+
+def _long_ago() -> float:
+    return time.time() - Settings().queue.outage_retry_s - 1
+
+
+def test_an_outage_of_the_store_does_not_spend_the_images_attempts() -> None:
+    """A 10 s S3 outage used to exhaust the four attempts of some images (RetriesExhausted in the
+    chaos suite's `s3` scenario): the store was down, not the images."""
+    ctx = FakeContext(FakeStore(down=True))
+    t0 = time.time()
+    report = _retry_all(ctx, _chunk(), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    assert report.failed == 0 and ctx.store.written == []
+    assert sorted((it.id, it.attempt) for it in report.retry) == [("a", 4), ("b", 1)]
+    assert report.outage_since is not None and report.outage_since >= t0
+    q = Settings().queue
+    assert q.backoff_base * 0.5 <= report.countdown <= q.backoff_base  # the outage just began
+    assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.retrying, "b": ImageStatus.retrying}
+    # an outage of 100 s: the next try waits about as long, and the outage keeps its start
+    later = _retry_all(ctx, _chunk(time.time() - 100), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    assert 50 <= later.countdown <= 100 and later.outage_since is not None and later.outage_since < t0
 
 
 def test_final_failures_that_cannot_be_stored_are_handed_back_not_acked() -> None:
     ctx = FakeContext(FakeStore(down=True))
-    report = _retry_all(ctx, _chunk(), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    report = _retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
     assert report.failed == 0 and report.failures == []
     # both go back; the one on its last attempt keeps it (the store failed, not the image)
     assert sorted((it.id, it.attempt) for it in report.retry) == [("a", 4), ("b", 2)]
@@ -63,7 +87,7 @@ def test_final_failures_that_cannot_be_stored_are_handed_back_not_acked() -> Non
 
 def test_final_failures_are_recorded_when_the_store_is_up() -> None:
     ctx = FakeContext(FakeStore(down=False))
-    report = _retry_all(ctx, _chunk(), StorageUnavailable("redis went away"), "w@h")  # type: ignore[arg-type]
+    report = _retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("redis went away"), "w@h")  # type: ignore[arg-type]
     assert report.failed == 1 and [it.id for it in report.retry] == ["b"]
     assert ctx.store.written == ["results/j/a.json", "failed/j/a.json"]
     assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.failed, "b": ImageStatus.retrying}
