@@ -281,14 +281,17 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
         return report.summary()
 
     @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None)
-    def finish_job(self: Task, job: str) -> dict[str, Any]:
+    def finish_job(self: Task, job: str, outage_since: float | None = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
             marker = export_job(ctx.index, ctx.store, job, ctx.fetch_pool)
         except OcrqError as exc:
-            q = ctx.settings.queue
-            if exc.retryable and self.request.retries + 1 < q.max_attempts:
-                raise self.retry(countdown=backoff(self.request.retries, q.backoff_base, q.backoff_max)) from exc
+            # the store or Redis away: wait it out as a chunk does (_outage_wait), or the job,
+            # finished, would never get its export (no chunk is left to ask for it again)
+            wait = _outage_wait(ctx, exc, outage_since)
+            if wait is not None:
+                since = outage_since if outage_since is not None else time.time()
+                raise self.retry(args=(job,), kwargs={"outage_since": since}, countdown=wait) from exc
             ctx.redis.delete(keys.job_finishing(job))  # the next finishing chunk or `ocrq export` retries
             raise
         log.info("← export job=%s %s", job, marker)
@@ -297,19 +300,28 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     return ocr_chunk
 
 
+def _outage_wait(ctx: WorkerContext, err: OcrqError, since: float | None) -> float | None:
+    """Seconds to wait before trying again through an outage of ocrq's own store or Redis (a
+    retryable error that is not the image's), or None once it lasted ``queue.outage_retry_s``.
+    The wait grows with the outage, never below ``backoff_base`` (no spin) nor above
+    ``backoff_max``."""
+    q = ctx.settings.queue
+    lasted = 0.0 if since is None else time.time() - since
+    if not err.retryable or lasted >= q.outage_retry_s:
+        return None
+    return backoff(1, max(q.backoff_base, min(q.backoff_max, lasted)), q.backoff_max)
+
+
 def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | None) -> ChunkReport:
     log.warning("! chunk job=%s failed as a whole: %s", chunk.job, err)
     report = ChunkReport()
-    q = ctx.settings.queue
-    now = time.time()
-    since = chunk.outage_since if chunk.outage_since is not None else now
-    if err.retryable and now - since < q.outage_retry_s:
+    wait = _outage_wait(ctx, err, chunk.outage_since)
+    if wait is not None:
         # ocrq's own store or Redis is away, not the images: they go back with their attempts
-        # unspent (a 10 s S3 outage used to exhaust some images' four attempts), the wait
-        # growing with the outage and never below backoff_base (no spin)
+        # unspent (a 10 s S3 outage used to exhaust some images' four attempts)
         report.retry = list(chunk.items)
-        report.outage_since = since
-        report.countdown = backoff(1, max(q.backoff_base, min(q.backoff_max, now - since)), q.backoff_max)
+        report.outage_since = chunk.outage_since if chunk.outage_since is not None else time.time()
+        report.countdown = wait
         records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) for it in chunk.items]
         ctx.metrics.observe_records(chunk.task, records)
         try:

@@ -211,8 +211,10 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     if workers.kills:
         notes.append(f"{workers.kills} kills while the job ran")
     wall = time.monotonic() - t0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the job's export (ocrq.finish_job) runs once it finished
+    # the job's export (ocrq.finish_job) runs once it finished; a worker killed holding its message
+    # gives it back through the reaper (dead_worker_s + 2 × reaper_interval_s: 100 s, 10 s quick)
+    deadline = time.monotonic() + 60 + (10 if env.quick else 100)
+    while time.monotonic() < deadline:
         try:
             if job.export_marker() is not None:
                 break

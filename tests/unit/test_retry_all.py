@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ocrq.errors import StorageUnavailable
+from ocrq.errors import StorageUnavailable, TooLarge
 from ocrq.messages import Chunk, Item
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import Settings
-from worker.tasks import _retry_all
+from worker.tasks import _outage_wait, _retry_all
 
 
 class FakeStore:
@@ -91,3 +91,20 @@ def test_final_failures_are_recorded_when_the_store_is_up() -> None:
     assert report.failed == 1 and [it.id for it in report.retry] == ["b"]
     assert ctx.store.written == ["results/j/a.json", "failed/j/a.json"]
     assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.failed, "b": ImageStatus.retrying}
+
+
+def test_the_outage_wait_grows_with_the_outage_and_ends_after_outage_retry_s() -> None:
+    """The same rule serves a chunk and the job's export (finish_job): in the full chaos run a
+    30 s S3 outage outlasted the export's four attempts and the finished job never got its
+    ``_SUCCESS`` marker."""
+    ctx = FakeContext(FakeStore(down=True))
+    q = Settings().queue
+    down = StorageUnavailable("S3 unavailable")
+    first = _outage_wait(ctx, down, None)  # type: ignore[arg-type]
+    assert first is not None and q.backoff_base * 0.5 <= first <= q.backoff_base
+    later = _outage_wait(ctx, down, time.time() - 100)  # type: ignore[arg-type]
+    assert later is not None and 50 <= later <= 100
+    longest = _outage_wait(ctx, down, time.time() - q.outage_retry_s + 5)  # type: ignore[arg-type]
+    assert longest is not None and longest <= q.backoff_max
+    assert _outage_wait(ctx, down, _long_ago()) is None  # type: ignore[arg-type]
+    assert _outage_wait(ctx, TooLarge("not an outage"), None) is None  # type: ignore[arg-type]
