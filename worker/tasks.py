@@ -322,12 +322,8 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
         report.retry = list(chunk.items)
         report.outage_since = chunk.outage_since if chunk.outage_since is not None else time.time()
         report.countdown = wait
-        records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) for it in chunk.items]
-        ctx.metrics.observe_records(chunk.task, records)
-        try:
-            ctx.index.record(records)
-        except Exception:
-            log.exception("! could not record chunk outage for job=%s", chunk.job)
+        _record_all(ctx, chunk, [_record(chunk, it, ImageStatus.retrying, err, worker=worker)
+                                 for it in chunk.items])
         return report
     records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
     failed = [rec for rec in records if rec.status is ImageStatus.failed]
@@ -347,9 +343,15 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
         records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) if it.id in back else rec
                    for it, rec in zip(chunk.items, records, strict=True)]
     _set_countdown(ctx, report)
+    _record_all(ctx, chunk, records)
+    return report
+
+
+def _record_all(ctx: WorkerContext, chunk: Chunk, records: list[ImageRecord]) -> None:
+    """A whole-chunk failure's records: counted, then indexed (Redis may be what is away: the
+    retry message still carries the images)."""
     ctx.metrics.observe_records(chunk.task, records)
     try:
         ctx.index.record(records)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)
-    return report
