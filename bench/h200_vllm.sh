@@ -16,6 +16,8 @@
 #   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
+#   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
+#   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
 set -uo pipefail
 step=${1:?step}
 OUT=${OUT:-/tmp/ocrq-out}
@@ -56,8 +58,11 @@ PY
 }
 
 KEEP=$WORK/keep  # rows survive between commands on a warm machine ($OUT is emptied per command)
-row() {  # row SECONDS NAME ARGS... : one bench process, bounded, its log kept
+END=${END:-100000}  # seconds into this command by which every row must have stopped (a device command has 600)
+row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), its log kept
   local limit=$1 name=$2; shift 2
+  [ $((END - SECONDS)) -lt "$limit" ] && limit=$((END - SECONDS))
+  [ "$limit" -lt 60 ] && { echo "[row] $name skipped: ${limit}s left before END"; return; }
   local t0=$SECONDS module=bench.gpu_vllm
   [ "${1:-}" = profile ] && { module=bench.gpu_vllm_profile; shift; }
   timeout "$limit" python3 -m $module "$@" --name "$name" --work $WORK --out "$OUT/rows" \
@@ -117,6 +122,11 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     echo "[rows] max_num_batched_tokens $M"
     row 230 vllm-default plain --max-num-batched-tokens "$M"
     row 300 ocrq-vllm worker --max-num-batched-tokens "$M" ;;
+  session6)  # the fixed worker first (what changed), then plain vLLM beside it, both at 65536
+    row 300 ocrq-vllm worker --max-num-batched-tokens 65536
+    row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
+  server)
+    row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   verify)  # one job on a fresh worker: the first job is where the pressure rule used to collapse batches
     row 200 ocrq-vllm-first worker --jobs 1 --max-num-batched-tokens 65536 ;;
   preempt)

@@ -146,6 +146,12 @@ class EngineLoop(OomRecovery):
             # most urgent first, arrival order within a priority (a stable sort, linear when sorted)
             self._pending.sort(key=lambda it: it.request.priority)
             self._cond.notify_all()
+        prepare = getattr(self.engine, "prepare", None)
+        if prepare is not None and items:  # CPU-side work ahead of the batch (vLLM: rendering)
+            try:
+                prepare([it.request for it in items])
+            except Exception:  # advisory: the batch prepares what is missing itself
+                self.log.debug("engine.prepare() failed", exc_info=True)
         return futures
 
     def expecting(self, images: int) -> Intake:
@@ -177,6 +183,12 @@ class EngineLoop(OomRecovery):
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            try:
+                loop["engine"] = stats()
+            except Exception:
+                self.log.debug("engine.stats() failed", exc_info=True)
         return {**self.governor.state(), "token_capacity": self.governor.token_capacity, **loop}
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -224,15 +236,20 @@ class EngineLoop(OomRecovery):
                 self._cond.notify_all()
 
     def _full(self) -> bool:
-        """All slots busy (caller holds the lock). An engine that runs batches side by side gets
-        one more for pending work more urgent than every batch in flight: a small urgent job does
-        not wait for a bulk batch to finish (the most urgent pending image is first)."""
-        if self._running < self._slots:
-            return False
-        if self._slots == 1 or not self._pending or not self._inflight:
-            return True
-        urgent = self._pending[0].request.priority < min(it.request.priority for it in self._inflight)
-        return not urgent or self._running > self._slots
+        """No batch may start now (caller holds the lock). An engine that runs batches side by side
+        gets one more slot for pending work more urgent than every batch in flight: a small urgent
+        job does not wait for a bulk batch to finish (the most urgent pending image is first). And
+        while more urgent images run, less urgent ones do not start: a step of vLLM's continuous
+        batch that also prefills newly admitted bulk pages (the vision tower on every page) delays
+        the urgent images' next token by the time of that prefill."""
+        if self._slots > 1 and self._pending and self._inflight:
+            head = self._pending[0].request.priority
+            top = min(it.request.priority for it in self._inflight)
+            if head > top:
+                return True
+            if head < top:
+                return self._running > self._slots
+        return self._running >= self._slots
 
     def _next_batch(self) -> list[QueuedImage] | None:
         with self._cond:
@@ -282,11 +299,14 @@ class EngineLoop(OomRecovery):
         last = max(chosen)
         batch: list[QueuedImage] = []
         rest: list[QueuedImage] = []
+        cancelled: list[OcrRequest] = []
         for i, item in enumerate(self._pending):
             if i in picked:
                 # a future the caller cancelled while it waited is dropped here
                 if item.future.set_running_or_notify_cancel():
                     batch.append(item)
+                else:
+                    cancelled.append(item.request)
             else:
                 if i < last:
                     item.skips += 1
@@ -297,6 +317,9 @@ class EngineLoop(OomRecovery):
         if self._running == 0 and self._idle_since is not None:
             self._idle_s += time.monotonic() - self._idle_since
         self._running += 1
+        discard = getattr(self.engine, "discard", None)
+        if cancelled and discard is not None:
+            discard(cancelled)
         return batch
 
     def _free_bytes(self) -> int | None:

@@ -631,3 +631,49 @@ def test_an_urgent_job_gets_one_more_slot_beside_the_bulk_batches(loops: list[En
     assert engine.running == 4  # one extra slot, not one per urgent job
     engine.release.set()
     [f.result(timeout=10) for f in bulk + urgent + more]
+
+
+class GatedPagedEngine(FakePagedEngine):
+    """Fake (unit tests only): bulk and urgent batches are released separately."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release_urgent = threading.Event()
+
+    def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
+        if batch and batch[0].priority == 0:
+            with self._lock:
+                self.keys.append([r.key for r in batch])
+                self.running += 1
+            self.release_urgent.wait(10)
+            with self._lock:
+                self.running -= 1
+            return [OcrOutput(text=r.key, lines=[], engine=self.name, model="fake", width=1, height=1)
+                    for r in batch]
+        return super().infer(batch)
+
+
+def test_bulk_batches_wait_while_an_urgent_batch_runs(loops: list[EngineLoop]) -> None:
+    """Once the urgent batch runs, bulk batches that finish are not replaced until it is done:
+    new bulk prefills would slow every step the urgent images decode in."""
+    from worker.costs import ModelProfile
+
+    engine = GatedPagedEngine()
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
+    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
+    loops.append(loop)
+    loop.start()
+    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(30)])
+    deadline = time.monotonic() + 5
+    while engine.running < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    while len(engine.keys) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.release.set()  # the three bulk batches finish; 18 bulk images wait
+    time.sleep(0.3)
+    assert len(engine.keys) == 4 and engine.running == 1  # only the urgent batch runs
+    assert not any(f.done() for f in bulk[12:])
+    engine.release_urgent.set()
+    assert [f.result(timeout=10).text for f in urgent] == ["urgent-0", "urgent-1"]
+    assert [f.result(timeout=10).text for f in bulk] == [f"bulk-{i}" for i in range(30)]

@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from worker.costs import ModelProfile
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
+from worker.engines.render_ahead import RenderAhead
 from worker.engines.transformers_engine import weights_revision
 from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages
 from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
@@ -81,8 +81,10 @@ class VllmEngine:
         self._revision: str | None = None
         self._ids = itertools.count()
         self._lock = threading.RLock()
-        # HF processing is CPU work in this process: a pool renders pages while batches step
-        self._render_pool = ThreadPoolExecutor(max(1, settings.render_threads), thread_name_prefix="vllm-render")
+        # HF processing is CPU work in this process: pages render while batches step, ahead of
+        # their batch (``prepare``); made on first use, gone with ``close``
+        self._renders: RenderAhead | None = None
+        self._renders_lock = threading.Lock()
         self._stepper: Stepper | None = None
         self._now = _Gauges()
         self._peak = _Gauges()
@@ -113,6 +115,17 @@ class VllmEngine:
     def close(self) -> None:
         with self._lock:
             self._teardown()
+        with self._renders_lock:
+            renders, self._renders = self._renders, None
+        if renders is not None:
+            renders.close()
+
+    def _render_queue(self) -> RenderAhead:
+        with self._renders_lock:  # not the engine's lock: a step holds that for its whole length
+            if self._renders is None:
+                self._renders = RenderAhead(self._render_current, threads=self.settings.render_threads,
+                                            ahead=self.settings.render_ahead)
+            return self._renders
 
     def _dtype(self) -> str:
         if self.settings.dtype != "auto":
@@ -225,6 +238,26 @@ class VllmEngine:
                                          settings=self.settings, meta=meta))
         return outcomes
 
+    def prepare(self, requests: Sequence[OcrRequest]) -> None:
+        """Images the engine loop queued: render them ahead of their batch, most urgent first."""
+        self._render_queue().prepare(requests, [r.priority for r in requests])
+
+    def discard(self, requests: Sequence[OcrRequest]) -> None:
+        """Queued images that will not run (cancelled): forget their renders."""
+        if self._renders is not None:
+            self._renders.drop(requests)
+
+    def stats(self) -> dict[str, Any]:
+        """Where a worker's time goes on the CPU side (bench rows read it from the worker state)."""
+        out: dict[str, Any] = {}
+        renders, stepper = self._renders, self._stepper
+        if renders is not None:
+            out.update(rendered=renders.rendered, render_s=round(renders.render_s, 2),
+                       render_wait_s=round(renders.wait_s, 2), render_queued=renders.pending())
+        if stepper is not None:
+            out.update(stepper.stats())
+        return out
+
     def memory(self) -> MemorySample:
         """vLLM's own gauges: peak KV-cache usage and waiting requests since ``reset_peak``,
         cumulative preemptions. Device bytes stay None: vLLM preallocates its share at start.
@@ -292,10 +325,11 @@ class VllmEngine:
         assert stepper is not None  # built together with the LLM
         errors: dict[int, OcrqError] = {}
         inputs: dict[int, Any] = {}
-        rendered = [self._render_pool.submit(self._render, llm, request) for request in batch]
-        for i, future in enumerate(rendered):
+        for i, future in enumerate(self._render_queue().take(batch)):
             try:
-                inputs[i] = future.result()
+                by, engine_input = future.result()
+                # rendered for an engine since torn down (or before the first build): again, now
+                inputs[i] = engine_input if by is llm else self._render(llm, batch[i])
             # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
             except (ValueError, TypeError, KeyError, OSError) as exc:
                 errors[i] = self._admission_error(batch[i], exc)  # this image only
@@ -339,6 +373,11 @@ class VllmEngine:
             oom = is_oom(exc)
             message = f"vLLM rebuild failed: {type(exc).__name__}: {str(exc)[:300]}"
             raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
+
+    def _render_current(self, request: OcrRequest) -> tuple[Any, Any]:
+        """(the LLM it was rendered for, the rendered request); (None, None) before a build."""
+        llm = self._llm
+        return (llm, None) if llm is None else (llm, self._render(llm, request))
 
     def _render(self, llm: Any, request: OcrRequest) -> Any:
         """The chat request as vLLM's renderer makes it for ``LLM.chat`` (same template path

@@ -14,6 +14,7 @@ caller: each one sees the same exception.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,11 @@ class Stepper:
         self._turn = threading.Condition()  # guards the stepping role and the inbox
         self._stepping = False
         self.failure: BaseException | None = None
+        #: steps run, seconds inside ``step()`` (with vLLM's core in its own process: waiting for
+        #: its next output), requests live summed over steps (their mean: how full vLLM was kept)
+        self._steps = 0
+        self._step_s = 0.0
+        self._live_sum = 0
 
     def add(self, rid: str, engine_input: Any, params: Any, gen: Gen, priority: int = 0) -> None:
         """Queue one request for the next step. ``priority`` (lower first) counts only when the
@@ -71,6 +77,11 @@ class Stepper:
     def live(self) -> int:
         """Requests handed to vLLM and not finished."""
         return len(self._live)
+
+    def stats(self) -> dict[str, float | int]:
+        steps = self._steps
+        return {"steps": steps, "step_s": round(self._step_s, 2),
+                "mean_live": round(self._live_sum / steps, 1) if steps else 0}
 
     def run(self, mine: dict[str, Gen]) -> None:
         """Step until every request in ``mine`` has finished (any caller's step counts)."""
@@ -111,11 +122,15 @@ class Stepper:
         if not self.engine.has_unfinished_requests():
             lost = [rid for rid, g in mine.items() if g.finish is None]
             raise EngineDead(f"vLLM has no unfinished requests but {len(lost)} never finished")
+        t0 = time.perf_counter()
         try:
             outputs = self.engine.step()
         except BaseException as exc:
             self.failure = exc
             raise
+        self._steps += 1
+        self._step_s += time.perf_counter() - t0
+        self._live_sum += len(self._live)
         self._route(outputs)
         self._after_step()
 
