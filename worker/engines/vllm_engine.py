@@ -124,7 +124,7 @@ class VllmEngine:
         with self._renders_lock:  # not the engine's lock: a step holds that for its whole length
             if self._renders is None:
                 self._renders = RenderAhead(self._render_current, threads=self.settings.render_threads,
-                                            ahead=self.settings.render_ahead)
+                                            ahead=self.settings.render_ahead, init=_one_torch_thread)
             return self._renders
 
     def _dtype(self) -> str:
@@ -417,6 +417,14 @@ class VllmEngine:
         peak = self._peak
         peak.kv_usage = _max(peak.kv_usage, self._now.kv_usage)
         peak.waiting = None if self._now.waiting is None else int(_max(peak.waiting, self._now.waiting) or 0)
+
+
+def _one_torch_thread() -> None:
+    """A render thread's torch ops run on that thread alone (OpenMP's thread count is per calling
+    thread; the render threads are the parallelism): see ``worker.engines.render_ahead``."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def _kv_tokens(llm: Any) -> int | None:
