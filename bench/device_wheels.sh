@@ -25,4 +25,7 @@ done
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$dest" "${pins[@]}"
+# diagnostics only (bench/h200_vllm.sh DIAG=1: where a worker's threads spend their time)
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 \
+  --python-version 3.12 -d "$dest" 'py-spy==0.4.3'
 du -sh "$dest"

@@ -18,6 +18,7 @@
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
+#   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (ps) and py-spy dumps of the worker every 3 s
 set -uo pipefail
 step=${1:?step}
 OUT=${OUT:-/tmp/ocrq-out}
@@ -58,6 +59,17 @@ PY
 }
 
 KEEP=$WORK/keep  # rows survive between commands on a warm machine ($OUT is emptied per command)
+diag() {  # diag NAME: every 3 s for DIAG_S (90) s, the busiest threads and a py-spy dump of the worker
+  local name=$1 stop=$((SECONDS + ${DIAG_S:-90})) spy=/tmp/site2/bin/py-spy
+  while [ $SECONDS -lt $stop ]; do
+    { echo "== t=$SECONDS"; ps -eLo pid,tid,pcpu,rss,comm --sort=-pcpu | head -30; } >> "$OUT/$name.ps.log"
+    for p in $(pgrep -f "ocrq_cli|ocrq worker|celery" | head -2); do
+      [ -x $spy ] && { echo "== t=$SECONDS pid $p"; $spy dump --pid "$p" 2>&1 | head -200; } >> "$OUT/$name.spy.log"
+    done
+    sleep 3
+  done
+}
+
 END=${END:-100000}  # seconds into this command by which every row must have stopped (a device command has 600)
 row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), its log kept
   local limit=$1 name=$2; shift 2
@@ -65,9 +77,12 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
   [ "$limit" -lt 60 ] && { echo "[row] $name skipped: ${limit}s left before END"; return; }
   local t0=$SECONDS module=bench.gpu_vllm
   [ "${1:-}" = profile ] && { module=bench.gpu_vllm_profile; shift; }
+  local dpid=""
+  [ "${DIAG:-0}" = 1 ] && { diag "$name" & dpid=$!; }
   timeout "$limit" python3 -m $module "$@" --name "$name" --work $WORK --out "$OUT/rows" \
     > "$OUT/$name.log" 2>&1
   local rc=$?
+  [ -n "$dpid" ] && kill "$dpid" 2>/dev/null
   mkdir -p $KEEP; cp "$OUT/rows/$name"* $KEEP/ 2>/dev/null
   echo "[row] $name rc=$rc $((SECONDS - t0))s: $(tail -c 400 "$OUT/rows/$name.json" 2>/dev/null | tr -d '\n' | cut -c1-300)"
   for f in $WORK/$name-worker.log $WORK/$name-server.log; do  # the services' own logs, their tails

@@ -224,7 +224,10 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
     """``engine.scheduling: priority``: vLLM runs ``max_num_seqs`` (8) requests at a time, so 8 of 16
     bulk requests (priority 9) wait in its queue when 2 urgent ones (priority 0) arrive. The urgent
     ones take the next free slots and their batch returns first; in arrival order (vLLM's FCFS)
-    they would run after every bulk request."""
+    they would run after every bulk request. The bulk requests are long (256 tokens against 24):
+    with 24 each, on the H200 the tiny model's bulk steps took less time than rendering the urgent
+    pages. (Not rendered ahead here: a render sets a request's arrival time, which orders equal
+    priorities, so the control run, everything at priority 9, must fail.)"""
     import threading
 
     from worker.engines.base import OcrRequest as Req
@@ -235,16 +238,16 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
     urgent = [Req(key=f"urgent-{i}", image=images[i], params={}, priority=0) for i in range(2)]
     done: dict[str, float] = {}
 
-    def run(name: str, batch: list[Any]) -> None:
-        engine.topk_logprobs(batch, 1, 24)
+    def run(name: str, batch: list[Any], steps: int) -> None:
+        engine.topk_logprobs(batch, 1, steps)
         done[name] = time.perf_counter()
 
-    t_bulk = threading.Thread(target=run, args=("bulk", bulk))
+    t_bulk = threading.Thread(target=run, args=("bulk", bulk, 256))
     t_bulk.start()
     deadline = time.monotonic() + 120
     while engine._stepper.live() < 16 and time.monotonic() < deadline:  # all 16 handed to vLLM
         time.sleep(0.01)
-    run("urgent", urgent)
+    run("urgent", urgent, 24)
     t_bulk.join(300)
     assert done["urgent"] < done["bulk"], done
 

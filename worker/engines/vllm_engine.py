@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +34,10 @@ from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead
 from worker.engines.transformers_engine import weights_revision
 from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages
+from worker.engines.vllm_gauges import Gauges, kv_tokens
 from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
 
 log = logging.getLogger(__name__)
-
-#: how often the vLLM gauges are read while a batch runs (REGISTRY.collect walks every metric)
-METRICS_EVERY_S = 0.25
-
-
-@dataclass
-class _Gauges:
-    kv_usage: float | None = None
-    waiting: int | None = None
-    preemptions: int | None = None
-
 
 class VllmEngine:
     """``Engine`` on an in-process ``vllm.LLM``; construct with the ``engine`` settings section.
@@ -86,9 +75,7 @@ class VllmEngine:
         self._renders: RenderAhead | None = None
         self._renders_lock = threading.Lock()
         self._stepper: Stepper | None = None
-        self._now = _Gauges()
-        self._peak = _Gauges()
-        self._last_read = 0.0
+        self._gauges = Gauges()
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -177,8 +164,9 @@ class VllmEngine:
         self.start_seconds = time.perf_counter() - t0
         self.builds += 1
         self._tokenizer = self._llm.get_tokenizer()
-        self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop, self._read_gauges)
-        self.kv_capacity_tokens = _kv_tokens(self._llm)
+        self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop,
+                               lambda: self._gauges.read(self._llm))
+        self.kv_capacity_tokens = kv_tokens(self._llm)
         log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens)", self.model_dir.name,
                  self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens)
 
@@ -265,15 +253,14 @@ class VllmEngine:
         if self._lock.acquire(blocking=False):
             try:
                 if self._llm is not None:
-                    self._read_gauges(force=True)
+                    self._gauges.read(self._llm, force=True)
             finally:
                 self._lock.release()
-        peak = self._peak
-        return MemorySample(kv_usage=peak.kv_usage, waiting=peak.waiting, preemptions=self._now.preemptions)
+        return self._gauges.sample()
 
     def reset_peak(self) -> None:
         with self._lock:
-            self._peak = _Gauges(kv_usage=self._now.kv_usage, waiting=self._now.waiting)
+            self._gauges.reset_peak()
 
     # --- tests and benchmarks ----------------------------------------------------------------
 
@@ -394,30 +381,6 @@ class VllmEngine:
                                      f"{self.settings.max_model_len}: {text[:200]}")
         return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
 
-    def _read_gauges(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_read < METRICS_EVERY_S:
-            return
-        self._last_read = now
-        try:
-            metrics = self._llm.get_metrics()
-        except Exception:  # stats disabled or the registry changed: the governor falls back
-            return
-        values: dict[str, float] = {}
-        for metric in metrics:
-            value = getattr(metric, "value", None)
-            if value is not None:
-                values[metric.name] = values.get(metric.name, 0.0) + float(value)
-        usage, waiting = values.get("vllm:kv_cache_usage_perc"), values.get("vllm:num_requests_waiting")
-        preempted = values.get("vllm:num_preemptions")
-        self._now = _Gauges(
-            kv_usage=usage, waiting=None if waiting is None else int(waiting),
-            preemptions=None if preempted is None else int(preempted),
-        )
-        peak = self._peak
-        peak.kv_usage = _max(peak.kv_usage, self._now.kv_usage)
-        peak.waiting = None if self._now.waiting is None else int(_max(peak.waiting, self._now.waiting) or 0)
-
 
 def _one_torch_thread() -> None:
     """A render thread's torch ops run on that thread alone (OpenMP's thread count is per calling
@@ -425,19 +388,3 @@ def _one_torch_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
-
-
-def _kv_tokens(llm: Any) -> int | None:
-    """KV-cache capacity in tokens (blocks × block size) as the engine core sized it."""
-    try:
-        cache = llm.llm_engine.vllm_config.cache_config
-        blocks = cache.num_gpu_blocks
-        return int(blocks) * int(cache.block_size) if blocks else None
-    except Exception:  # older/newer config layout: admission falls back to the byte model
-        return None
-
-
-def _max(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
