@@ -561,6 +561,26 @@ class FakePagedEngine:
         return MemorySample(kv_usage=0.1, waiting=0, preemptions=0)
 
 
+def bulk_then_urgent(
+    loops: list[EngineLoop], engine: FakePagedEngine
+) -> tuple[EngineLoop, list[Future[OcrOutput]], list[Future[OcrOutput]], float]:
+    """A paged loop (12 images over the engine's 3 slots) running 30 bulk images (priority 9) in
+    its 3 slots, then 2 urgent ones submitted (priority 0). Returns the loop, both futures lists
+    and a deadline 5 s out."""
+    from worker.costs import ModelProfile
+
+    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
+    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
+    loops.append(loop)
+    loop.start()
+    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(30)])
+    deadline = time.monotonic() + 5
+    while engine.running < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    return loop, bulk, urgent, deadline
+
+
 def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list[EngineLoop]) -> None:
     """Batches overlap up to the engine's slots, share the count limit (12 over 3 slots: 4 a
     batch), and together never plan more tokens than the KV room: 90 % of 11,112 KV tokens =
@@ -611,18 +631,8 @@ def test_an_urgent_job_gets_one_more_slot_beside_the_bulk_batches(loops: list[En
     """A paged engine running its 3 slots of bulk batches: an urgent job starts a 4th batch at
     once instead of waiting for a bulk batch to finish (with vLLM's priority scheduling it is then
     scheduled first); a second urgent job gets no 5th."""
-    from worker.costs import ModelProfile
-
     engine = FakePagedEngine()  # 3 slots; batches block until `release`
-    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
-    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
-    loops.append(loop)
-    loop.start()
-    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(30)])
-    deadline = time.monotonic() + 5
-    while engine.running < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    loop, bulk, urgent, deadline = bulk_then_urgent(loops, engine)
     while engine.running < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.running == 4 and engine.keys[3] == ["urgent-0", "urgent-1"]
@@ -656,18 +666,8 @@ class GatedPagedEngine(FakePagedEngine):
 def test_bulk_batches_wait_while_an_urgent_batch_runs(loops: list[EngineLoop]) -> None:
     """Once the urgent batch runs, bulk batches that finish are not replaced until it is done:
     new bulk prefills would slow every step the urgent images decode in."""
-    from worker.costs import ModelProfile
-
     engine = GatedPagedEngine()
-    gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
-    loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
-    loops.append(loop)
-    loop.start()
-    bulk = loop.submit_many([OcrRequest(key=f"bulk-{i}", image=image(i), priority=9) for i in range(30)])
-    deadline = time.monotonic() + 5
-    while engine.running < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    urgent = loop.submit_many([OcrRequest(key=f"urgent-{i}", image=image(i), priority=0) for i in range(2)])
+    loop, bulk, urgent, deadline = bulk_then_urgent(loops, engine)
     while len(engine.keys) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     engine.release.set()  # the three bulk batches finish; 18 bulk images wait
