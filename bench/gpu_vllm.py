@@ -79,29 +79,50 @@ def _utilization(cap_gb: float) -> float:
 
 
 def _device_used_gb() -> float | None:
+    sample = _device_sample()
+    return sample[0] if sample else None
+
+
+def _device_sample() -> tuple[float, dict[str, float]] | None:
+    """NVML's used GiB on the device, and per process (pid and name) what NVML charges it: the
+    device figure also holds what no process is charged for (the driver's reservations)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]))
-        return round(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / GIB, 2)
+        used = round(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) / GIB, 2)
+        procs: dict[str, float] = {}
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            try:
+                name = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0")[0].decode()[-40:]
+            except OSError:
+                name = "?"
+            procs[f"{p.pid} {name}"] = round(int(p.usedGpuMemory or 0) / GIB, 2)
+        return used, procs
     except Exception:
         return None
 
 
 class _PeakSampler(threading.Thread):
-    """The device's NVML 'used' bytes, sampled while a worker row runs (its engine is another process)."""
+    """The device's NVML 'used' bytes, sampled while a row runs (a worker's engine is another
+    process), with the per-process split at the peak."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak: float | None = None
+        self.at_peak: dict[str, float] = {}
+        self.idle: float | None = _device_used_gb()
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            used = _device_used_gb()
-            if used is not None:
-                self.peak = max(self.peak or 0.0, used)
+            sample = _device_sample()
+            if sample is not None and sample[0] > (self.peak or 0.0):
+                self.peak, self.at_peak = sample
+
+    def report(self) -> dict[str, Any]:
+        return {"peak_gb": self.peak, "peak_processes_gb": self.at_peak, "device_idle_gb": self.idle}
 
 
 def _write(args: argparse.Namespace, row: dict[str, Any]) -> None:
@@ -136,6 +157,8 @@ def plain(args: argparse.Namespace) -> None:
     else:  # CPU dry run: a small KV cache, as the vllm test tier
         kw.update(enforce_eager=True, kv_cache_memory_bytes=256 << 20)
     before = _device_used_gb()
+    sampler = _PeakSampler()  # sampled through the run, as in the worker rows
+    sampler.start()
     t0 = time.perf_counter()
     llm = LLM(**kw)
     build_s = time.perf_counter() - t0
@@ -191,6 +214,7 @@ def plain(args: argparse.Namespace) -> None:
     print(json.dumps({"first": first}), flush=True)
     second = job("warm", warm, with_small=bool(args.small))
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    sampler.stop.set()
     # like the ocrq rows: the second set of 200 on a built engine is the row, the first is kept
     row = {"name": args.name, "kind": "plain-vllm", "max_num_seqs": args.max_num_seqs or "default",
            "max_num_batched_tokens": args.max_num_batched_tokens, "cap_gb": args.cap_gb,
@@ -198,7 +222,7 @@ def plain(args: argparse.Namespace) -> None:
            "failed": first["failed"] + second["failed"],
            "all_full_length": first["all_full_length"] and second["all_full_length"],
            "preemptions": int(metrics.get("vllm:num_preemptions") or 0), "build_s": round(build_s, 1),
-           "peak_gb": _device_used_gb(), "device_used_before_gb": before}
+           "device_used_before_gb": before, **sampler.report()}
     _write(args, row)
 
 
@@ -302,7 +326,7 @@ def worker(args: argparse.Namespace) -> None:
     row.update(cap_gb=args.cap_gb, max_num_batched_tokens=args.max_num_batched_tokens,
                img_per_s=second["img_per_s"], failed=sum(j["failed"] for j in row["jobs"]),
                first_img_per_s=row["jobs"][0]["img_per_s"], preemptions=state.get("preemptions"),
-               peak_gb=sampler.peak, all_full_length=all(j["all_full_length"] for j in row["jobs"]),
+               **sampler.report(), all_full_length=all(j["all_full_length"] for j in row["jobs"]),
                small_first_result_s=second.get("small", {}).get("first_s"),
                small_done_s=second.get("small", {}).get("done_s"))
     _write(args, row)

@@ -18,6 +18,8 @@
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
+#   bash bench/h200_vllm.sh session7   # session6's pair on the seventh session's code
+#   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (ps) and py-spy dumps of the worker every 3 s
 set -uo pipefail
 step=${1:?step}
@@ -59,14 +61,16 @@ PY
 }
 
 KEEP=$WORK/keep  # rows survive between commands on a warm machine ($OUT is emptied per command)
-diag() {  # diag NAME: every 3 s for DIAG_S (90) s, the busiest threads and a py-spy dump of the worker
+diag() {  # diag NAME: every ~3 s for DIAG_S (90) s, the busiest threads now and py-spy dumps
   local name=$1 stop=$((SECONDS + ${DIAG_S:-90})) spy=/tmp/site2/bin/py-spy
   while [ $SECONDS -lt $stop ]; do
-    { echo "== t=$SECONDS"; ps -eLo pid,tid,pcpu,rss,comm --sort=-pcpu | head -30; } >> "$OUT/$name.ps.log"
-    for p in $(pgrep -f "ocrq_cli|ocrq worker|celery" | head -2); do
-      [ -x $spy ] && { echo "== t=$SECONDS pid $p"; $spy dump --pid "$p" 2>&1 | head -200; } >> "$OUT/$name.spy.log"
+    # top's second frame: CPU over the last second (ps's pcpu is a thread's lifetime average)
+    { echo "== t=$SECONDS"; top -H -b -n 2 -d 1 -w 200 2>/dev/null | awk '/^top -/{f++} f==2' | head -40 \
+        || ps -eLo pid,tid,pcpu,rss,comm --sort=-pcpu | head -30; } >> "$OUT/$name.ps.log"
+    for p in $(pgrep -f "ocrq_cli worker" | head -1) $(pgrep -f "EngineCore" | head -1); do
+      [ -x $spy ] && { echo "== t=$SECONDS pid $p"; $spy dump --nonblocking --pid "$p" 2>&1 | head -300; } >> "$OUT/$name.spy.log"
     done
-    sleep 3
+    sleep 2
   done
 }
 
@@ -140,7 +144,13 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   session6)  # the fixed worker first (what changed), then plain vLLM beside it, both at 65536
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
+  session7)  # the same pair on the seventh session's code (render threads, render-ahead 128)
+    row 300 ocrq-vllm worker --max-num-batched-tokens 65536
+    row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
   server)
+    row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
+  seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
+    row 200 vllm-seeds plain --max-num-seqs 8
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   verify)  # one job on a fresh worker: the first job is where the pressure rule used to collapse batches
     row 200 ocrq-vllm-first worker --jobs 1 --max-num-batched-tokens 65536 ;;

@@ -125,12 +125,15 @@ class EngineSettings(BaseModel):
     #: before the next starts (docs/bench/gpu-vllm.md measures both)
     concurrent_batches: int = Field(default=8, ge=1, le=32)
     #: vllm: threads rendering requests (chat template + HF image processor, CPU work that
-    #: overlaps the GPU's steps); a batch's pages render in parallel, across batches too
-    render_threads: int = Field(default=4, ge=1, le=32)
+    #: overlaps the GPU's steps); a batch's pages render in parallel, across batches too.
+    #: None: half the host's cores, 2 to 8 (a page renders in ~0.1 s on one core; an H200
+    #: prefills ~30 pages a second)
+    render_threads: int | None = Field(default=None, ge=1, le=32)
     #: vllm: images rendered before their batch is planned, most urgent first (0: a batch renders
     #: its pages when it starts, holding its slot meanwhile). Bounds host memory: a rendered
-    #: 2048×1536 page holds tens of MB of pixel patches
-    render_ahead: int = Field(default=32, ge=0, le=1024)
+    #: 2048×1536 page holds ~38 MB of pixel patches (128 of them: ~4.8 GB). Enough to render the
+    #: next wave of batches while the current one decodes
+    render_ahead: int = Field(default=128, ge=0, le=1024)
     #: vllm: the order of vLLM's waiting queue. "priority": a chunk's priority (0 = most urgent)
     #: reaches vLLM's scheduler, so a small urgent job's requests are scheduled before the bulk
     #: ones already waiting there; "fcfs": arrival order, as vLLM ships

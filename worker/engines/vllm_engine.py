@@ -18,6 +18,7 @@ import gc
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -110,7 +111,7 @@ class VllmEngine:
     def _render_queue(self) -> RenderAhead:
         with self._renders_lock:  # not the engine's lock: a step holds that for its whole length
             if self._renders is None:
-                self._renders = RenderAhead(self._render_current, threads=self.settings.render_threads,
+                self._renders = RenderAhead(self._render_current, threads=render_threads(self.settings),
                                             ahead=self.settings.render_ahead, init=_one_torch_thread)
             return self._renders
 
@@ -380,6 +381,13 @@ class VllmEngine:
             return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len "
                                      f"{self.settings.max_model_len}: {text[:200]}")
         return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
+
+
+def render_threads(settings: EngineSettings) -> int:
+    """``engine.render_threads``, or half this host's cores (2 to 8)."""
+    if settings.render_threads is not None:
+        return settings.render_threads
+    return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _one_torch_thread() -> None:
