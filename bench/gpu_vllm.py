@@ -13,13 +13,15 @@ cannot reuse one image's embeddings for another. Each row is one process:
     python3 -m bench.gpu_vllm report --dirs DIR... --transformers gpu_worker.json   # docs/bench/gpu-vllm.*
     # CPU dry run: --size tiny --scale 0.25 --images 12 --tokens 16
 
-Every row runs two sets of 200 distinct pages on one built engine; the second (warm) set is the
-row, the first is kept as ``first_img_per_s``. Plain rows drive ``LLMEngine`` with the chat
-template's text whose image start/image/end trio is replaced by the bare image token (the
-workaround for vLLM 0.26's double image-start, docs/gpu.md) and the ocrq plugin's fixes switched
-off: no ocrq code runs there. After ``--small-after`` seconds a small job (``--small`` images) joins
-the large one: plain vLLM queues it behind everything (FIFO); the ocrq worker gets it at a higher
-priority (``--big-priority``): its time to first result shows what bounded admission buys.
+Every row runs three sets of 200 distinct pages on one built engine: the second (warm) set is the
+row's img/s, the first is kept as ``first_img_per_s``, and in the third a small job joins the large
+one (below), so that its time to first result is measured apart from the throughput. Plain rows
+drive ``LLMEngine`` with the chat template's text whose image start/image/end trio is replaced by
+the bare image token (the workaround for vLLM 0.26's double image-start, docs/gpu.md) and the ocrq
+plugin's fixes switched off: no ocrq code runs there. In the third set, after ``--small-after``
+seconds a small job (``--small`` images) joins the large one: plain vLLM queues it behind
+everything (FIFO); the ocrq worker gets it at a higher priority (``--big-priority``): its time to
+first result shows what bounded admission buys.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def _setup(args: argparse.Namespace) -> tuple[Path, dict[str, Path], bool]:
         make_random_checkpoint(model, args.size, seed=0, device="cuda" if cuda else "cpu")
     folders = {"big": write_workload(args.work, args.images, args.seed, "cold", args.scale),
                "big2": write_workload(args.work, args.images, args.seed, "warm", args.scale),
+               "big3": write_workload(args.work, args.images, args.seed, "third", args.scale, offset=700_000),
                "small": write_workload(args.work / "small", args.small, args.seed + 1, "cold", args.scale)}
     return model, folders, cuda
 
@@ -131,6 +134,15 @@ def _write(args: argparse.Namespace, row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
 
+def _small_set(sets: list[dict[str, Any]]) -> dict[str, Any]:
+    """The third set's figures: its img/s with the small job beside it, and the small job's times."""
+    if len(sets) < 3:
+        return {"small_first_result_s": None, "small_done_s": None}
+    third = sets[2]
+    return {"third_img_per_s": third["img_per_s"], "small_first_result_s": third.get("small_first_result_s"),
+            "small_done_s": third.get("small_done_s")}
+
+
 # --- plain vLLM ------------------------------------------------------------------------------------
 
 
@@ -145,7 +157,7 @@ def plain(args: argparse.Namespace) -> None:
     def load(folder: Path) -> list[Any]:
         return [Image.open(p).convert("RGB") for p in sorted(folder.glob("*.jpg"))]
 
-    cold, warm, small = load(folders["big"]), load(folders["big2"]), load(folders["small"])
+    cold, warm, third, small = (load(folders[k]) for k in ("big", "big2", "big3", "small"))
     kw: dict[str, Any] = dict(model=str(model), dtype="bfloat16" if cuda else "float32", seed=0,
                               max_model_len=args.max_model_len, limit_mm_per_prompt={"image": 1},
                               enable_prefix_caching=False, mm_processor_cache_gb=0, disable_log_stats=False,
@@ -212,15 +224,20 @@ def plain(args: argparse.Namespace) -> None:
 
     first = job("cold", cold, with_small=False)
     print(json.dumps({"first": first}), flush=True)
-    second = job("warm", warm, with_small=bool(args.small))
+    second = job("warm", warm, with_small=False)
+    print(json.dumps({"second": second}), flush=True)
+    sets = [first, second]
+    if args.small:  # the third set: the small job joins it (time to first result)
+        sets.append(job("third", third, with_small=True))
+        print(json.dumps({"third": sets[-1]}), flush=True)
     metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
     sampler.stop.set()
     # like the ocrq rows: the second set of 200 on a built engine is the row, the first is kept
     row = {"name": args.name, "kind": "plain-vllm", "max_num_seqs": args.max_num_seqs or "default",
            "max_num_batched_tokens": args.max_num_batched_tokens, "cap_gb": args.cap_gb,
            "images": len(warm), **second, "first_img_per_s": first["img_per_s"],
-           "failed": first["failed"] + second["failed"],
-           "all_full_length": first["all_full_length"] and second["all_full_length"],
+           **_small_set(sets), "failed": sum(s["failed"] for s in sets),
+           "all_full_length": all(s["all_full_length"] for s in sets),
            "preemptions": int(metrics.get("vllm:num_preemptions") or 0), "build_s": round(build_s, 1),
            "device_used_before_gb": before, **sampler.report()}
     _write(args, row)
@@ -298,10 +315,11 @@ def worker(args: argparse.Namespace) -> None:
         row["worker_ready_s"] = round(time.perf_counter() - t0, 1)
         settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": args.work / f"store-{args.name}"},
                             limits={"allowed_roots": [args.work]}, queue={"chunk_size": 32})
-        for i, tag in enumerate(("big", "big2")[: args.jobs]):
+        tags = ("big", "big2", "big3")[: args.jobs] if args.small else ("big", "big2")[: args.jobs]
+        for i, tag in enumerate(tags):
             small: dict[str, Any] = {}
             watcher = None
-            if i == args.jobs - 1 and args.small:
+            if tag == "big3":  # the third set: the small job joins it (time to first result)
                 watcher = threading.Thread(target=_watch_small, daemon=True,
                                            args=(Client(settings), folders["small"], args.small_after, small))
                 watcher.start()
@@ -310,7 +328,7 @@ def worker(args: argparse.Namespace) -> None:
             if watcher is not None:
                 watcher.join(600)
                 job["small"] = small
-            job["run"] = "first" if i == 0 else "second"
+            job["run"] = ("first", "second", "third")[i]
             row["jobs"].append(job)
             print(json.dumps(job), flush=True)
         stop(proc)
@@ -321,14 +339,16 @@ def worker(args: argparse.Namespace) -> None:
 
             stop_server(server)
         redis_proc.terminate()
-    second = row["jobs"][-1]
-    state = second.get("worker_state", {})
+    second = row["jobs"][1] if len(row["jobs"]) > 1 else row["jobs"][0]
+    state = row["jobs"][-1].get("worker_state", {})
+    third = row["jobs"][2] if len(row["jobs"]) > 2 else None
     row.update(cap_gb=args.cap_gb, max_num_batched_tokens=args.max_num_batched_tokens,
                img_per_s=second["img_per_s"], failed=sum(j["failed"] for j in row["jobs"]),
                first_img_per_s=row["jobs"][0]["img_per_s"], preemptions=state.get("preemptions"),
                **sampler.report(), all_full_length=all(j["all_full_length"] for j in row["jobs"]),
-               small_first_result_s=second.get("small", {}).get("first_s"),
-               small_done_s=second.get("small", {}).get("done_s"))
+               third_img_per_s=third["img_per_s"] if third else None,
+               small_first_result_s=third.get("small", {}).get("first_s") if third else None,
+               small_done_s=third.get("small", {}).get("done_s") if third else None)
     _write(args, row)
 
 
@@ -341,7 +361,8 @@ def main() -> None:
     w = sub.add_parser("worker")
     _common(w)
     w.add_argument("--server", action="store_true")
-    w.add_argument("--jobs", type=int, default=2, choices=[1, 2], help="2: the row is the second (warm) job")
+    w.add_argument("--jobs", type=int, default=3, choices=[1, 2, 3],
+                   help="the row is the second (warm) job; the third has the small job beside it")
     w.add_argument("--max-num-seqs", type=int, default=256)
     w.add_argument("--concurrent-batches", type=int, default=8)
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")

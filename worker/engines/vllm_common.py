@@ -7,9 +7,11 @@ and ``_settle``); they belong next to the prompts in ``hunyuan.py`` once its own
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ocrq.errors import TooLargeForDevice
+from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 
@@ -61,3 +63,11 @@ def image_messages(request: OcrRequest, version: hunyuan.Version, image_part: di
             message["content"] = [image_part if part.get("type") == "image" else part
                                   for part in message["content"]]
     return messages
+
+
+def render_threads(settings: EngineSettings) -> int:
+    """``engine.render_threads``, or half this host's cores (2 to 8): the in-process engine's
+    render threads, and a launched server's ``--renderer-num-workers``."""
+    if settings.render_threads is not None:
+        return settings.render_threads
+    return max(2, min(8, (os.cpu_count() or 2) // 2))

@@ -34,7 +34,7 @@ from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead
 from worker.engines.transformers_engine import weights_revision
-from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages
+from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages, render_threads
 from worker.engines.vllm_gauges import Gauges, kv_tokens
 from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
 
@@ -160,6 +160,8 @@ class VllmEngine:
                     requested = min(requested, self.settings.memory_cap_bytes / total)
                 args["gpu_memory_utilization"] = gpu_utilization(requested, total, free)
             self.capacity_bytes = int(args["gpu_memory_utilization"] * total)
+            if self.settings.cuda_alloc_conf:  # read by the engine core process vLLM starts
+                os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", self.settings.cuda_alloc_conf)
         t0 = time.perf_counter()
         self._llm = LLM(**args)
         self.start_seconds = time.perf_counter() - t0
@@ -277,6 +279,7 @@ class VllmEngine:
                 temperature=0.0, top_p=1.0, top_k=-1, max_tokens=steps, min_tokens=steps, ignore_eos=True,
                 logprobs=k, repetition_penalty=float(r.params.get("repetition_penalty",
                                                                   self.sampling.repetition_penalty)),
+                detokenize=False,
             )
             for r in requests
         ]
@@ -296,6 +299,9 @@ class VllmEngine:
             repetition_penalty=float(request.params.get("repetition_penalty", s.repetition_penalty)),
             max_tokens=max(1, int(request.params.get("max_new_tokens", self.settings.max_new_tokens))),
             ignore_eos=bool(self.settings.extra.get("ignore_eos", False)),
+            # the answer is decoded once at the end (``infer``): vLLM's per-step incremental
+            # detokenizer would only add GIL time in this process, beside the render threads
+            detokenize=False,
         )
 
     def _run(
@@ -381,13 +387,6 @@ class VllmEngine:
             return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len "
                                      f"{self.settings.max_model_len}: {text[:200]}")
         return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
-
-
-def render_threads(settings: EngineSettings) -> int:
-    """``engine.render_threads``, or half this host's cores (2 to 8)."""
-    if settings.render_threads is not None:
-        return settings.render_threads
-    return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
 def _one_torch_thread() -> None:

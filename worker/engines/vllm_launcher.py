@@ -24,6 +24,7 @@ from typing import IO
 import httpx
 
 from ocrq.settings import EngineSettings
+from worker.engines.vllm_common import render_threads
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ def server_argv(
         "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0",
         # a job's priority orders the server's queue too (the worker sends it with each request)
         "--scheduling-policy", s.scheduling,
+        # the server renders (chat template + HF image processor) on one thread unless told:
+        # as many as the in-process engine's render threads (allowed with the processor cache off)
+        "--renderer-num-workers", str(render_threads(s)),
     ]
     if s.dtype != "auto":
         argv += ["--dtype", s.dtype]
@@ -78,8 +82,10 @@ def launch_server(
     argv = server_argv(model_dir, port, settings, host=host, extra_args=extra_args)
     log.info("starting vLLM server: %s", " ".join(argv))
     stderr = subprocess.STDOUT if log_file is not None else None
-    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log_file, stderr=stderr,
-                            start_new_session=True)
+    child_env = {**os.environ, **(env or {})}
+    if settings is not None and settings.cuda_alloc_conf:
+        child_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
+    proc = subprocess.Popen(argv, env=child_env, stdout=log_file, stderr=stderr, start_new_session=True)
     if ready_timeout is not None:
         try:
             wait_ready(f"http://{host}:{port}", proc, ready_timeout)
