@@ -94,7 +94,7 @@ def run_job(settings: Any, folder: Path, job: str, redis_url: str, worker: str, 
             "batches", "images", "oom_events", "oom_count", "failed", "max_measured_peak_bytes", "budget_bytes",
             "capacity_bytes", "calibration_error", "observations", "restored_observations", "count_limit",
             "slow_start", "bytes_per_token", "base_bytes", "margin", "prefetch", "token_capacity",
-            "kv_usage", "preemptions", "pressure_count", "batch_size", "idle_s", "engine")},
+            "kv_usage", "preemptions", "pressure_count", "batch_size", "idle_s", "engine", "gc")},
         "max_measured_peak_gb": round((state.get("max_measured_peak_bytes") or 0) / GIB, 2),
     }
 

@@ -66,15 +66,26 @@ PY
 }
 
 KEEP=$WORK/keep  # rows survive between commands on a warm machine ($OUT is emptied per command)
-diag() {  # diag NAME: every ~3 s for DIAG_S (90) s, the busiest threads now and py-spy dumps
-  local name=$1 stop=$((SECONDS + ${DIAG_S:-90})) spy=/tmp/site2/bin/py-spy
+diag() {  # diag NAME: every ~3 s for DIAG_S (90) s, the busiest threads now and py-spy dumps; once the
+  # worker is ready, py-spy records it (collapsed stacks): the GIL holders and every busy thread in its
+  # first job (SPY_S s), and the GIL holders again once the first job is done
+  local name=$1 stop=$((SECONDS + ${DIAG_S:-90})) spy=/tmp/site2/bin/py-spy wlog=$WORK/$1-worker.log rec=0
   while [ $SECONDS -lt $stop ]; do
     # top's second frame: CPU over the last second (ps's pcpu is a thread's lifetime average)
     { echo "== t=$SECONDS"; top -H -b -n 2 -d 1 -w 200 2>/dev/null | awk '/^top -/{f++} f==2' | head -40 \
         || ps -eLo pid,tid,pcpu,rss,comm --sort=-pcpu | head -30; } >> "$OUT/$name.ps.log"
-    for p in $(pgrep -f "ocrq_cli worker" | head -1) $(pgrep -f "EngineCore" | head -1); do
-      [ -x $spy ] && { echo "== t=$SECONDS pid $p"; $spy dump --nonblocking --pid "$p" 2>&1 | head -300; } >> "$OUT/$name.spy.log"
-    done
+    # Celery retitles the worker ("[celeryd: w1@host ..."); vLLM's core is "VLLM::EngineCore"
+    local w; w=$(pgrep -f "celeryd: w1" | head -1)
+    if [ -x $spy ] && [ -n "$w" ]; then
+      if [ $rec = 0 ] && grep -q " ready\." "$wlog" 2>/dev/null; then
+        rec=1
+        $spy record --gil --nonblocking -r 100 -d "${SPY_S:-25}" -f raw -o "$OUT/$name.gil1.txt" -p "$w" >/dev/null 2>&1 &
+        $spy record --nonblocking -r 50 -d "${SPY_S:-25}" -f raw -o "$OUT/$name.busy1.txt" -p "$w" >/dev/null 2>&1 &
+      elif [ $rec = 1 ] && grep -q '"run": "first"' "$OUT/$name.log" 2>/dev/null; then
+        rec=2
+        $spy record --gil --nonblocking -r 100 -d 10 -f raw -o "$OUT/$name.gil2.txt" -p "$w" >/dev/null 2>&1 &
+      fi
+    fi
     sleep 2
   done
 }
@@ -97,7 +108,7 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
   for f in $WORK/$name-worker.log $WORK/$name-server.log; do  # the services' own logs, their tails
     [ -f "$f" ] && { echo "== $f"; grep -vE "POST /v1|GET /metrics" "$f" | tail -60; } >> "$OUT/$name.log"
   done
-  [ $rc -ne 0 ] && grep -E "Traceback|Error" "$OUT/$name.log" | tail -5
+  if [ $rc -ne 0 ]; then grep -E "Traceback|Error" "$OUT/$name.log" | tail -5; fi
 }
 
 setup
@@ -153,6 +164,11 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
     DIAG=1 DIAG_S=${DIAG_S:-200} row 330 ocrq-vllm worker --max-num-batched-tokens 65536
     row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
+  firstset)  # does idle memory go cold (vm_memory after 20 s idle)? then a worker's first and second job
+    # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
+    python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2
+    sleep 20; python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
+    DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
   session7)  # the same pair on the seventh session's code (render threads, render-ahead 128)
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;

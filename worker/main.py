@@ -11,6 +11,7 @@ from celery import signals
 
 from ocrq.queue import make_celery
 from ocrq.settings import Settings
+from worker import gcwatch
 from worker.context import WorkerContext, build_context
 from worker.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
@@ -23,6 +24,7 @@ log = logging.getLogger("ocrq.worker")
 def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname: str | None = None,
                concurrency: int | None = None) -> None:
     pin_pci_order(os.environ)  # before any engine initialises CUDA
+    gcwatch.install()
     app = make_celery(settings)
     holder: dict[str, WorkerContext] = {}
 

@@ -32,6 +32,7 @@ from celery.worker import state as worker_state
 
 from ocrq import keys
 from ocrq.refs import effective_roots
+from worker import gcwatch
 
 log = logging.getLogger("ocrq.prefetch")
 
@@ -136,6 +137,7 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
             try:
                 st = dict(ctx.loop.state())
                 st["prefetch"] = prefetch
+                st["gc"] = gcwatch.snapshot()
                 # producers check local refs against these before publishing (ocrq.intake)
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
                 st["store"] = ctx.store.location  # and read results from where workers write them

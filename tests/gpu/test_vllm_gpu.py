@@ -108,7 +108,9 @@ def test_bf16_batch_invariance_measured(engine: Any) -> None:
 
 def test_a_real_cuda_oom_is_typed_retryable_and_the_engine_rebuilds(engine: Any) -> None:
     """A real CUDA OOM inside vLLM's engine core: another allocation takes the card's free memory,
-    then pages larger than any before need new activation memory for the vision tower. The batch
+    then more large pages at once than any step before need new activation memory for the vision
+    tower. (Its first form sent 2048×2048 pages: 4,162 vision tokens, over ``max_model_len`` 4096,
+    so vLLM refused them before any GPU work and nothing failed on the H200.) The batch
     fails with a typed, retryable error (vLLM's core dies with the OOM: ``EngineCrashed``, or
     ``EngineOOM`` where the OOM's text reaches the worker), and once the memory is back the next
     call rebuilds the engine and runs."""
@@ -118,16 +120,19 @@ def test_a_real_cuda_oom_is_typed_retryable_and_the_engine_rebuilds(engine: Any)
     free, _ = torch.cuda.mem_get_info()
     filler = torch.empty(max(0, free - 64 * 2**20), dtype=torch.uint8, device="cuda")
     rng = np.random.default_rng(7)
-    big = [OcrRequest(key=f"o{i}", image=Image.fromarray(rng.integers(0, 255, (2048, 2048, 3), dtype=np.uint8)))
+    big = [OcrRequest(key=f"o{i}", image=Image.fromarray(rng.integers(0, 255, (1536, 2048, 3), dtype=np.uint8)))
            for i in range(8)]
+    failure: Exception | None = None
     try:
-        with pytest.raises((EngineOOM, EngineCrashed)) as failure:
-            engine.infer(big)
+        outs = engine.infer(big)
+    except (EngineOOM, EngineCrashed) as exc:
+        failure = exc
     finally:
         del filler
         torch.cuda.empty_cache()
-    print(f"\nreal CUDA OOM: {type(failure.value).__name__}: {str(failure.value)[:160]}")
-    assert isinstance(failure.value, Retryable)
+    assert failure is not None, f"no OOM with the card full: {[type(o).__name__ for o in outs]}"
+    print(f"\nreal CUDA OOM: {type(failure).__name__}: {str(failure)[:160]}")
+    assert isinstance(failure, Retryable)
     outs = engine.infer(_requests()[:2])
     assert all(isinstance(o, OcrOutput) for o in outs)
     assert engine.builds == builds + 1

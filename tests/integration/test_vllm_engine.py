@@ -224,7 +224,8 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
     """``engine.scheduling: priority``: vLLM runs ``max_num_seqs`` (8) requests at a time, so 8 of 16
     bulk requests (priority 9) wait in its queue when 2 urgent ones (priority 0) arrive. The urgent
     ones take the next free slots and their batch returns first; in arrival order (vLLM's FCFS)
-    they would run after every bulk request. The bulk requests are long (256 tokens against 24):
+    they would run after every bulk request. The bulk requests are long (256 tokens against 24, 1024
+    on a GPU):
     with 24 each, on the H200 the tiny model's bulk steps took less time than rendering the urgent
     pages. (Not rendered ahead here: a render sets a request's arrival time, which orders equal
     priorities, so the control run, everything at priority 9, must fail.)"""
@@ -242,7 +243,9 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
         engine.topk_logprobs(batch, 1, steps)
         done[name] = time.perf_counter()
 
-    t_bulk = threading.Thread(target=run, args=("bulk", bulk, 256))
+    # on the H200 (session 8) 256 bulk tokens were not enough either: the bulk batch returned
+    # 0.24 s before the urgent one, whose pages rendered while the bulk thread kept stepping
+    t_bulk = threading.Thread(target=run, args=("bulk", bulk, 1024 if _on_cuda() else 256))
     t_bulk.start()
     deadline = time.monotonic() + 120
     while engine._stepper.live() < 16 and time.monotonic() < deadline:  # all 16 handed to vLLM

@@ -141,6 +141,10 @@ class VllmEngine:
             # keeps the Prometheus gauges (KV usage, waiting, preemptions) that ``memory`` reads
             "disable_log_stats": False,
             "scheduling_policy": s.scheduling,
+            # vLLM's tokenizer is a pool of deep copies, renderer_num_workers + 1 of them; a thread
+            # that finds none free deep-copies the 120k-entry tokenizer (seconds of GIL under load).
+            # Every thread that renders (render threads) or decodes (batch threads) gets one
+            "renderer_num_workers": render_threads(s) + self.concurrent_batches,
             "seed": 0,
         }
         args.update(dict(s.extra.get("vllm", {})))
@@ -170,8 +174,22 @@ class VllmEngine:
         self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop,
                                lambda: self._gauges.read(self._llm))
         self.kv_capacity_tokens = kv_tokens(self._llm)
-        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens)", self.model_dir.name,
-                 self.start_seconds, self.builds, args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens)
+        warm_s = self._warm_renderer()
+        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens, renderer warmed in "
+                 "%.2fs)", self.model_dir.name, self.start_seconds, self.builds,
+                 args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens, warm_s)
+
+    def _warm_renderer(self) -> float:
+        """Render one page here, before any render thread does: vLLM builds its HF processors
+        lazily, behind ``lru_cache``s that do not hold concurrent misses back, so the render threads
+        of a fresh engine each built their own processors (and tokenizer copies) for every cache key
+        at once. On the H200 that was a worker's whole first job: 2.2 img/s, ~93 % of the GIL inside
+        ``get_processor`` (docs/bench/gpu-vllm.md). Returns the seconds it took."""
+        from PIL import Image
+
+        t0 = time.perf_counter()
+        self._render(self._llm, OcrRequest(key="warm-up", image=Image.new("RGB", (64, 64), "white")))
+        return time.perf_counter() - t0
 
     @staticmethod
     def _device_memory() -> tuple[int, int]:
