@@ -8,6 +8,10 @@ test that shows its bug with the fix left out (docs/gpu.md has the upstream-read
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -253,6 +257,22 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
     run("urgent", urgent, 24)
     t_bulk.join(300)
     assert done["urgent"] < done["bulk"], done
+
+
+def test_a_fresh_engines_render_threads_build_no_processors(checkpoint: Path, env: dict[str, str],
+                                                           tmp_path: Path) -> None:
+    """24 pages rendered on 8 threads of a newly built engine, in a fresh process: no HF processor is
+    constructed and vLLM's tokenizer is never deep-copied while they render. Without the engine's
+    renderer warm-up and tokenizer-pool size, vLLM 0.26 builds processors and tokenizer copies in
+    every render thread at once (CPU: 19 and 66 for these 24 renders); on the H200 that was ~93 %
+    of a worker's GIL time during its whole first job (docs/bench/gpu-vllm.md, eighth session)."""
+    out = tmp_path / "herd.json"
+    cmd = [sys.executable, "-m", "tests.integration.vllm_render_herd", str(checkpoint), str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["renders"] == 24 and not got["failed"], got
+    assert got["processors"] == 0 and got["tokenizer_copies"] == 0, got
 
 
 def test_a_prompt_over_max_model_len_fails_alone(engine: Any) -> None:
