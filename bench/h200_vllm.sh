@@ -21,8 +21,9 @@
 #   bash bench/h200_vllm.sh session7   # session6's pair on the seventh session's code
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
+#   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
-#   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (ps) and py-spy dumps of the worker every 3 s
+#   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
 step=${1:?step}
 OUT=${OUT:-/tmp/ocrq-out}

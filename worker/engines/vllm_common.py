@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ocrq.errors import TooLargeForDevice
+from ocrq.errors import BadRequest, OcrqError, TooLargeForDevice
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
@@ -71,3 +71,28 @@ def render_threads(settings: EngineSettings) -> int:
     if settings.render_threads is not None:
         return settings.render_threads
     return max(2, min(8, (os.cpu_count() or 2) // 2))
+
+
+def device_memory() -> tuple[int, int]:
+    """(total, free) bytes of this process's GPU as NVML sees it (every process), else as the
+    CUDA driver does."""
+    from worker.nvml import NvmlProbe
+
+    probe = NvmlProbe.for_current_device()
+    device = probe.read()
+    getattr(probe, "close", lambda: None)()
+    if device is not None:
+        return device.total, device.free
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(total), int(free)
+
+
+def admission_error(request: OcrRequest, exc: BaseException, max_model_len: int) -> OcrqError:
+    """What vLLM's refusal of one request means for that image: too long for the context
+    (permanent, ``TooLargeForDevice``), or any other validation error (``BadRequest``)."""
+    text = str(exc)
+    if "maximum context length" in text or "max_model_len" in text or "maximum model length" in text:
+        return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len {max_model_len}: {text[:200]}")
+    return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ocrq.errors import BadRequest, EngineCrashed, EngineOOM, OcrqError, TooLargeForDevice, is_oom
+from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import ModelProfile
@@ -34,7 +34,14 @@ from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead
 from worker.engines.transformers_engine import weights_revision
-from worker.engines.vllm_common import answer_meta, gpu_utilization, image_messages, render_threads
+from worker.engines.vllm_common import (
+    admission_error,
+    answer_meta,
+    device_memory,
+    gpu_utilization,
+    image_messages,
+    render_threads,
+)
 from worker.engines.vllm_gauges import Gauges, kv_tokens
 from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
 
@@ -65,6 +72,7 @@ class VllmEngine:
         #: micro-batches the engine loop may run at once: they share vLLM's continuous batching
         self.concurrent_batches = max(1, settings.concurrent_batches)
         self._tokenizer: Any = None
+        self._decode_lock = threading.Lock()
         self.builds = 0
         self._llm: Any = None
         self._on_cuda = False
@@ -142,9 +150,9 @@ class VllmEngine:
             "disable_log_stats": False,
             "scheduling_policy": s.scheduling,
             # vLLM's tokenizer is a pool of deep copies, renderer_num_workers + 1 of them; a thread
-            # that finds none free deep-copies the 120k-entry tokenizer (seconds of GIL under load).
-            # Every thread that renders (render threads) or decodes (batch threads) gets one
-            "renderer_num_workers": render_threads(s) + self.concurrent_batches,
+            # that finds none free deep-copies the 120k-entry tokenizer (~0.25 s of GIL and 27 MB
+            # each). One per render thread; answers are decoded with the engine's own copy
+            "renderer_num_workers": render_threads(s),
             "seed": 0,
         }
         args.update(dict(s.extra.get("vllm", {})))
@@ -157,7 +165,7 @@ class VllmEngine:
         args = self.engine_args()
         self._on_cuda = torch.cuda.is_available()
         if self._on_cuda:
-            total, free = self._device_memory()
+            total, free = device_memory()
             if "gpu_memory_utilization" not in args:
                 requested = self.settings.gpu_memory_utilization
                 if self.settings.memory_cap_bytes:
@@ -170,7 +178,10 @@ class VllmEngine:
         self._llm = LLM(**args)
         self.start_seconds = time.perf_counter() - t0
         self.builds += 1
-        self._tokenizer = self._llm.get_tokenizer()
+        if self._tokenizer is None:  # decoding only, under its lock: not one of vLLM's pooled copies
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop,
                                lambda: self._gauges.read(self._llm))
         self.kv_capacity_tokens = kv_tokens(self._llm)
@@ -190,22 +201,6 @@ class VllmEngine:
         t0 = time.perf_counter()
         self._render(self._llm, OcrRequest(key="warm-up", image=Image.new("RGB", (64, 64), "white")))
         return time.perf_counter() - t0
-
-    @staticmethod
-    def _device_memory() -> tuple[int, int]:
-        """(total, free) bytes of this process's GPU as NVML sees it (every process), else as
-        the CUDA driver does."""
-        from worker.nvml import NvmlProbe
-
-        probe = NvmlProbe.for_current_device()
-        device = probe.read()
-        getattr(probe, "close", lambda: None)()
-        if device is not None:
-            return device.total, device.free
-        import torch
-
-        free, total = torch.cuda.mem_get_info()
-        return int(total), int(free)
 
     def _teardown(self) -> None:
         llm, self._llm, self._stepper = self._llm, None, None
@@ -234,7 +229,6 @@ class VllmEngine:
     def infer(self, batch: Sequence[OcrRequest]) -> list[OcrOutput | OcrqError]:
         params = [self._sampling(r) for r in batch]
         gens, errors, seconds = self._run(batch, params, watch=True)
-        tokenizer = self._tokenizer
         outcomes: list[OcrOutput | OcrqError] = []
         for i, request in enumerate(batch):
             if i in errors:
@@ -242,7 +236,8 @@ class VllmEngine:
                 continue
             gen = gens[i]
             meta = answer_meta(gen.generated, gen.finish, gen.repetition, len(batch), seconds)
-            text = str(tokenizer.decode(gen.tokens, skip_special_tokens=True))
+            with self._decode_lock:  # a Rust tokenizer is not for concurrent use; a decode is ~0.1 ms
+                text = str(self._tokenizer.decode(gen.tokens, skip_special_tokens=True))
             outcomes.append(build_output(request, text, engine=self.name, revision=self.revision,
                                          settings=self.settings, meta=meta))
         return outcomes
@@ -344,7 +339,7 @@ class VllmEngine:
                 inputs[i] = engine_input if by is llm else self._render(llm, batch[i])
             # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
             except (ValueError, TypeError, KeyError, OSError) as exc:
-                errors[i] = self._admission_error(batch[i], exc)  # this image only
+                errors[i] = admission_error(batch[i], exc, self.settings.max_model_len)  # this image only
         mine: dict[str, Gen] = {}
         t0 = time.perf_counter()
         try:
@@ -372,7 +367,7 @@ class VllmEngine:
             raise (EngineOOM(message) if oom else EngineCrashed(message)) from exc
         for gen in mine.values():
             if gen.rejected is not None:
-                errors[gen.index] = self._admission_error(batch[gen.index], gen.rejected)
+                errors[gen.index] = admission_error(batch[gen.index], gen.rejected, self.settings.max_model_len)
         return {g.index: g for g in mine.values() if g.rejected is None}, errors, time.perf_counter() - t0
 
     def _build_or_raise(self) -> None:
@@ -399,12 +394,6 @@ class VllmEngine:
         (engine_input,) = llm._preprocess_chat([messages])  # vLLM 0.32: LLM.chat's own renderer
         return engine_input
 
-    def _admission_error(self, request: OcrRequest, exc: BaseException) -> OcrqError:
-        text = str(exc)
-        if "maximum context length" in text or "max_model_len" in text or "maximum model length" in text:
-            return TooLargeForDevice(f"{request.key}: prompt exceeds max_model_len "
-                                     f"{self.settings.max_model_len}: {text[:200]}")
-        return BadRequest(f"{request.key}: vLLM rejected the request: {type(exc).__name__}: {text[:300]}")
 
 
 def _one_torch_thread() -> None:
