@@ -284,7 +284,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     def finish_job(self: Task, job: str, outage_since: float | None = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
-            marker = export_job(ctx.index, ctx.store, job, ctx.fetch_pool)
+            marker = export_job(ctx.index, ctx.store, job)
         except OcrqError as exc:
             # the store or Redis away: wait it out as a chunk does (_outage_wait), or the job,
             # finished, would never get its export (no chunk is left to ask for it again)
