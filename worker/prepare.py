@@ -13,6 +13,7 @@ hangs fails one image with ``DecoderCrashed`` instead of the worker.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrq import keys
@@ -21,6 +22,7 @@ from ocrq.messages import Chunk, Item
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext
 from worker.documents import is_pdf
+from worker.fanout import fan_out
 from worker.images import Page, decode, sha256_hex
 
 
@@ -71,6 +73,29 @@ def decode_miss(ctx: WorkerContext, prep: Prepared) -> None:
     """Decode a plain image whose cache entry was missing (typed errors: BadImage, ...)."""
     prep.units[0].pages = decode_bytes(ctx, prep.data)
     prep.data = b""
+
+
+def decode_misses(ctx: WorkerContext, misses: Sequence[Prepared]) -> list[Exception | None]:
+    """Decode a chunk's plain images that missed the cache: one error (or None) per image.
+
+    The images go to the decoder in ``decoder.parallelism`` groups, each one ``decode_many``
+    call in the fetch pool: with isolation, one round trip to a child per group instead of one
+    per image."""
+    decoder = ctx.decoder
+    if decoder is None:
+        return fan_out(ctx.fetch_pool, ctx.settings.limits.fetch_threads, lambda p: decode_miss(ctx, p), misses)
+    n = min(decoder.parallelism, len(misses))
+    groups = [misses[g::n] for g in range(n)]
+    outcomes = fan_out(ctx.fetch_pool, n, lambda group: decoder.decode_many([p.data for p in group]), groups)
+    errors: list[Exception | None] = [None] * len(misses)
+    for g, (group, got) in enumerate(zip(groups, outcomes, strict=True)):
+        for k, prep in enumerate(group):
+            outcome = got if isinstance(got, Exception) else got[k]  # a whole group's failure: each image's
+            if isinstance(outcome, Exception):
+                errors[g + k * n] = outcome
+            else:
+                prep.units[0].pages, prep.data = outcome, b""
+    return errors
 
 
 def on_page(output: OcrOutput, page: int) -> OcrOutput:

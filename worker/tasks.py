@@ -31,7 +31,7 @@ from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
 from worker.intake import Intake
-from worker.prepare import Prepared, assemble, decode_miss, on_page, prepare
+from worker.prepare import Prepared, assemble, decode_misses, on_page, prepare
 from worker.retry import backoff, final_error
 
 log = logging.getLogger("ocrq.task")
@@ -112,14 +112,13 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
 
     # 3. validate (decode) the plain images that missed, in the fetch pool and through the
-    # isolated decoder (worker.decode); a bad image fails here, typed
+    # isolated decoder (worker.decode: a few batches per chunk); a bad image fails here, typed
     misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in hits]
     for p in prepared.values():
         if p.data and p.units[0].cache_key in hits:
             p.data = b""  # a hit is never decoded: its bytes can go now
-    for prep, bad in zip(misses, fan_out(ctx.fetch_pool, threads, lambda p: decode_miss(ctx, p), misses),
-                         strict=True):
-        if isinstance(bad, Exception):
+    for prep, bad in zip(misses, decode_misses(ctx, misses), strict=True):
+        if bad is not None:
             errors[prep.item.id] = classify(bad)
 
     # 4. plan + infer: every page goes to the engine loop (one hand-off for the chunk), whose
