@@ -23,7 +23,7 @@ from typing import Any
 
 from ocrq import keys
 from ocrq.jobs import JobIndex
-from ocrq.results import ImageResult
+from ocrq.results import ImageResult, json_line
 from ocrq.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)
@@ -80,10 +80,10 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
         jsonl = Path(tmp) / keys.EXPORT_JSONL
         writer = _ParquetWriter(Path(tmp) / keys.EXPORT_PARQUET) if parquet else None
         lines = 0
-        with jsonl.open("w", encoding="utf-8") as fh:
+        with jsonl.open("wb") as fh:
             for result in results(index, store, job):
                 line = result.to_line()
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                fh.write(json_line(line) + b"\n")
                 if writer is not None:
                     writer.add(line)
                 lines += 1
