@@ -157,11 +157,12 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("→ infer %s units=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
              time.monotonic() - t1)
 
-    # 5. store: cache entries (durable + hot), one result document per image, then the job index
-    # (pages computed for a document whose other page failed are cached too: its retry hits them)
-    # (the outputs carry their page numbers: a cache entry is stored as computed, no copies)
-    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
-                        for (i, n), outs in computed.items() if (i, n) not in shared})
+    # 5. store: cache entries (durable + hot) and one result document per image (one store call),
+    # then the job index (pages computed for a document whose other page failed are cached too:
+    # its retry hits them; the outputs carry their page numbers: an entry is stored as computed)
+    computed_units: dict[str, list[int]] = {}
+    for i, n in computed:
+        computed_units.setdefault(i, []).append(n)
     report = ChunkReport()
     records: list[ImageRecord] = []
     docs: list[ImageResult] = []
@@ -174,7 +175,7 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
                 docs.append(ImageResult(record=rec))
         else:
             assert got is not None
-            mine = {n for i, n in computed if i == item.id}
+            mine = computed_units.get(item.id, [])
             outs, cached = assemble(got, hits, {n: computed[(item.id, n)] for n in mine},
                                     {n for n in mine if (item.id, n) in shared}, max_pages)
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
@@ -188,7 +189,8 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # the failed registry's durable mirror: losing Redis does not lose what failed
     writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
-    ctx.store.put_many(writes)
+    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
+                        for (i, n), outs in computed.items() if (i, n) not in shared}, documents=writes)
     ctx.index.record(records)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
