@@ -188,6 +188,12 @@ def _check_loop(resolved: str) -> None:
             raise RuntimeError(f"Symlink loop from {exc.filename!r}") from exc
 
 
+def is_local(ref: str) -> bool:
+    """Whether a reference names a local file (a path or ``file://``), without parsing it."""
+    match = _SCHEME.match(ref)
+    return match is None or match.group(1).lower() == "file"
+
+
 def canonical(ref: str, limits: LimitSettings) -> str:
     """The canonical form of one reference (``RefusedRef`` if refused): for fail-fast checks."""
     return parse(ref, limits).value

@@ -13,12 +13,14 @@ hangs fails one image with ``DecoderCrashed`` instead of the worker.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrq import keys
 from ocrq.fetch import fetch
 from ocrq.messages import Chunk, Item
+from ocrq.refs import is_local
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext
 from worker.documents import is_pdf
@@ -53,6 +55,17 @@ class Prepared:
 
 def decode_bytes(ctx: WorkerContext, data: bytes) -> list[Page]:
     return ctx.decoder.decode(data) if ctx.decoder else decode(data, ctx.settings.limits)
+
+
+def fetch_groups(ctx: WorkerContext, chunk: Chunk) -> int:
+    """Fetch-pool groups for a chunk: ``limits.fetch_threads`` when any ref is remote (S3, HTTP:
+    the threads wait on the network), at most one per CPU when all are local files. Reading a
+    local file is CPU work in Python between short syscalls, each a GIL hand-off: eight threads
+    doing it on two cores cost 15-20% more CPU per image than two (docs/bench/overhead.md)."""
+    threads = ctx.settings.limits.fetch_threads
+    if all(is_local(it.ref) for it in chunk.items):
+        return max(1, min(threads, os.cpu_count() or 1))
+    return threads
 
 
 def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:

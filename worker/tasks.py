@@ -31,7 +31,7 @@ from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
 from worker.intake import Intake
-from worker.prepare import Prepared, assemble, decode_misses, on_page, prepare
+from worker.prepare import Prepared, assemble, decode_misses, fetch_groups, on_page, prepare
 from worker.retry import backoff, final_error
 
 log = logging.getLogger("ocrq.task")
@@ -92,10 +92,9 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
 
     # 1. fetch + hash (PDFs rendered: their pages are the cache units) — in the fetch pool, a few
     # groups per chunk (worker.fanout), overlapping other chunks' inference
-    threads = ctx.settings.limits.fetch_threads
     prepared: dict[str, Prepared] = {}
     errors: dict[str, OcrqError] = {}
-    fetched = fan_out(ctx.fetch_pool, threads, lambda it: prepare(ctx, chunk, it), chunk.items)
+    fetched = fan_out(ctx.fetch_pool, fetch_groups(ctx, chunk), lambda it: prepare(ctx, chunk, it), chunk.items)
     for it, outcome in zip(chunk.items, fetched, strict=True):
         if isinstance(outcome, Exception):  # typed errors from refs/documents; anything else is classified
             errors[it.id] = classify(outcome)
