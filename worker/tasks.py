@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +141,9 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
     # an image still in the engine then is retried (its retry joins the same in-flight future)
     deadline = t0 + ctx.settings.queue.time_limit
+    # one wake-up when the chunk's last page is done (not one per engine batch: with batches of 4,
+    # the thread slept and woke for every 4 images)
+    wait([f for futures in pending.values() for f in futures], timeout=max(0.0, deadline - time.monotonic()))
     for (item_id, n), page_futures in pending.items():
         if item_id in errors:  # another page of this document already failed
             continue
