@@ -38,8 +38,8 @@ _NO_SUCH_HOST = frozenset(
 def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
     """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors."""
     parsed = parse(ref, limits)
-    if parsed.kind == "local" and parsed.path is not None:
-        return _fetch_local(parsed.path, limits.max_bytes)
+    if parsed.kind == "local":
+        return _fetch_local(parsed.value, limits.max_bytes)
     if parsed.kind == "s3":
         if parsed.is_prefix:
             raise RefusedRef(f"not a single object: {ref}")
@@ -63,7 +63,7 @@ def _read_capped(read: Callable[[int], bytes], cap: int, ref: str,
     return b"".join(parts)
 
 
-def _fetch_local(path: Path, cap: int) -> bytes:
+def _fetch_local(path: str | Path, cap: int) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO must not hang a fetch thread (no effect on regular files)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)

@@ -68,9 +68,13 @@ class Ref:
 
     kind: Literal["local", "s3", "http"]
     value: str
-    path: Path | None = None
     bucket: str = ""
     key: str = ""
+
+    @functools.cached_property
+    def path(self) -> Path | None:
+        """A local ref's resolved path (built when asked for: most refs only need ``value``)."""
+        return Path(self.value) if self.kind == "local" else None
 
     @property
     def is_prefix(self) -> bool:
@@ -78,7 +82,7 @@ class Ref:
 
     @property
     def is_manifest(self) -> bool:
-        name = self.path.name if self.path is not None else self.key
+        name = os.path.basename(self.value) if self.kind == "local" else self.key
         return self.kind != "http" and not self.is_prefix and _suffix(name) in MANIFEST_EXTENSIONS
 
 
@@ -175,7 +179,7 @@ def _local(path: str, raw: str, limits: LimitSettings, base: Path | str | None) 
     if not any(resolved == root or resolved.startswith(prefix) for root, prefix in roots):
         listed = ", ".join(root for root, _ in roots)
         raise RefusedRef(f"outside allowed roots ({listed}): {raw}")
-    return Ref("local", resolved, path=Path(resolved))
+    return Ref("local", resolved)
 
 
 def _check_loop(resolved: str) -> None:
@@ -250,7 +254,7 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
         return
     lines: Iterator[str]
     if ref.kind == "local" and ref.path is not None:
-        if ref.path.is_dir():
+        if os.path.isdir(ref.value):
             yield from _walk(ref.path, limits, row)
             return
         if not ref.is_manifest:
