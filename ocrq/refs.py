@@ -253,15 +253,15 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
         yield _refused(raw, str(exc))
         return
     lines: Iterator[str]
-    if ref.kind == "local" and ref.path is not None:
+    if ref.kind == "local":
         if os.path.isdir(ref.value):
-            yield from _walk(ref.path, limits, row)
+            yield from _walk(Path(ref.value), limits, row)
             return
         if not ref.is_manifest:
             yield Entry("ref", ref.value, row=row)
             return
-        here: Path | str = ref.path.parent
-        lines = local_lines(ref.path)
+        here: Path | str = Path(ref.value).parent
+        lines = local_lines(Path(ref.value))
     elif ref.kind == "s3" and (ref.is_prefix or ref.is_manifest):
         if s3 is None:
             raise RefusedRef(f"no S3 client to expand {ref.value}")
