@@ -85,19 +85,22 @@ class Profiler:
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     """User + system CPU seconds so far of each process, by role (a worker's pool children
-    included; this process, the producer, alone)."""
+    included; this process, the producer, alone). The ocrq worker's children (its decoders and
+    their forkserver; plain Celery's prefork children) are also reported apart, as ``(children)``."""
     out = {}
     for role, pid in pids.items():
         procs = [psutil.Process(pid)]
         if pid != os.getpid():
             procs += procs[0].children(recursive=True)
         out[role] = sum(sum(p.cpu_times()[:2]) for p in procs)
+        if role == "worker":
+            out["(children)"] = sum(sum(p.cpu_times()[:2]) for p in procs[1:])
     return out
 
 
 def cpu_line(before: dict[str, float], after: dict[str, float], n: int) -> str:
     """CPU ms per 1,000 images by process: unlike img/s, barely moved by other load on the box."""
-    return ", ".join(f"{role} {1e6 * (after[role] - before[role]) / n:,.0f}" for role in before)
+    return ", ".join(f"{role} {1e6 * (after[role] - before.get(role, 0.0)) / n:,.0f}" for role in after)
 
 
 def ocrq_passes(paths: list[str], root: Path, profile: Path | None) -> tuple[float, float]:

@@ -17,18 +17,18 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from ocrq import keys
 from ocrq.jobs import JobIndex
-from ocrq.results import ImageRecord, ImageResult
+from ocrq.results import ImageResult, json_line
 from ocrq.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)
 _PARQUET_ROWS = 10_000
-_LOAD_BATCH = 256
+_LOAD_BATCH = 512
 
 
 def finished(counts: dict[str, int]) -> bool:
@@ -55,26 +55,20 @@ def invalidate(redis: Any, store: ResultStore, job: str) -> None:
     redis.delete(keys.job_finishing(job))
 
 
-def results(index: JobIndex, store: ResultStore, job: str, pool: ThreadPoolExecutor) -> Iterator[ImageResult]:
-    """Every image of the job: finished ones with their stored document, others as records."""
-
-    def load(rec: ImageRecord) -> ImageResult:
-        if rec.status.final:
-            doc = store.get_json(keys.result_object(rec.job, rec.id))
-            if doc is not None:
-                return ImageResult.model_validate(doc)
-        return ImageResult(record=rec)
-
-    batch: list[ImageRecord] = []
-    for rec in index.scan(job):
-        batch.append(rec)
-        if len(batch) >= _LOAD_BATCH:
-            yield from pool.map(load, batch)
-            batch = []
-    yield from pool.map(load, batch)
+def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH) -> Iterator[ImageResult]:
+    """Every image of the job: finished ones with their stored document, others as records.
+    Documents are read ``batch`` at a time (one store ``get_many``: one SQLite query, or S3 GETs
+    in parallel) and parsed from their raw bytes."""
+    records = index.scan(job)
+    while part := list(islice(records, batch)):
+        paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
+        docs = store.get_many(paths.values(), raw=True) if paths else {}
+        for rec in part:
+            raw = docs.get(paths[rec.id]) if rec.id in paths else None
+            yield ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec)
 
 
-def export_job(index: JobIndex, store: ResultStore, job: str, pool: ThreadPoolExecutor) -> dict[str, Any]:
+def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
     """Write the job's export and then its ``_SUCCESS`` marker; returns what the marker says."""
     counts = index.counts(job)
     if not finished(counts):
@@ -86,10 +80,10 @@ def export_job(index: JobIndex, store: ResultStore, job: str, pool: ThreadPoolEx
         jsonl = Path(tmp) / keys.EXPORT_JSONL
         writer = _ParquetWriter(Path(tmp) / keys.EXPORT_PARQUET) if parquet else None
         lines = 0
-        with jsonl.open("w", encoding="utf-8") as fh:
-            for result in results(index, store, job, pool):
+        with jsonl.open("wb") as fh:
+            for result in results(index, store, job):
                 line = result.to_line()
-                fh.write(json.dumps(line, ensure_ascii=False) + "\n")
+                fh.write(json_line(line) + b"\n")
                 if writer is not None:
                     writer.add(line)
                 lines += 1

@@ -38,8 +38,8 @@ _NO_SUCH_HOST = frozenset(
 def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
     """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors."""
     parsed = parse(ref, limits)
-    if parsed.kind == "local" and parsed.path is not None:
-        return _fetch_local(parsed.path, limits.max_bytes)
+    if parsed.kind == "local":
+        return _fetch_local(parsed.value, limits.max_bytes)
     if parsed.kind == "s3":
         if parsed.is_prefix:
             raise RefusedRef(f"not a single object: {ref}")
@@ -51,27 +51,31 @@ def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> byte
 
 def _read_capped(read: Callable[[int], bytes], cap: int, ref: str,
                  deadline: float | None = None) -> bytes:
-    buf = bytearray()
-    while chunk := read(min(_CHUNK, cap + 1 - len(buf))):
-        buf += chunk
-        if len(buf) > cap:
+    parts: list[bytes] = []  # joined once (a single part is returned as it is: no copy)
+    size = 0
+    while chunk := read(min(_CHUNK, cap + 1 - size)):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > cap:
             raise TooLarge(f"more than {cap} bytes: {ref}")
         if deadline is not None and time.monotonic() > deadline:
             raise StorageUnavailable(f"timed out reading {ref}")
-    return bytes(buf)
+    return b"".join(parts)
 
 
-def _fetch_local(path: Path, cap: int) -> bytes:
+def _fetch_local(path: str | Path, cap: int) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO must not hang a fetch thread (no effect on regular files)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as handle:
+        try:  # os.read on the descriptor: no buffered file object per image
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise RefusedRef(f"not a regular file: {path}")
             if info.st_size > cap:
                 raise TooLarge(f"{info.st_size} bytes > {cap}: {path}")
-            return _read_capped(handle.read, cap, str(path))
+            return _read_capped(lambda n: os.read(fd, n), cap, str(path))
+        finally:
+            os.close(fd)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise MissingObject(f"no such file: {path}") from exc
     except (PermissionError, IsADirectoryError) as exc:

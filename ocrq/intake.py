@@ -132,7 +132,7 @@ def _check(entry: Entry, limits: LimitSettings, worker_roots: list[Path],
     """Why the producer refuses this single-image ref, or None."""
     ref = entry.value
     if ref.startswith("/"):
-        return _check_local(Path(ref), worker_roots)
+        return _check_local(ref, worker_roots)
     if ref.startswith(("http://", "https://")):
         parts = urlsplit(ref)
         host = parts.hostname or ""
@@ -143,7 +143,7 @@ def _check(entry: Entry, limits: LimitSettings, worker_roots: list[Path],
     return None
 
 
-def _check_local(path: Path, worker_roots: list[Path]) -> str | None:
+def _check_local(path: str, worker_roots: list[Path]) -> str | None:
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -152,7 +152,9 @@ def _check_local(path: Path, worker_roots: list[Path]) -> str | None:
         return f"cannot stat {path}: {exc.strerror}"
     if not stat.S_ISREG(info.st_mode):
         return f"not a regular file: {path}"
-    if worker_roots and not any(path.is_relative_to(root) for root in worker_roots):
+    # strings, not pathlib (the same answer as Path.is_relative_to; a canonical ref is resolved)
+    if worker_roots and not any(path == str(root) or path.startswith(str(root).rstrip("/") + "/")
+                                for root in worker_roots):
         listed = ", ".join(str(r) for r in worker_roots)
         return f"outside the allowed roots of the running workers ({listed}): {path}"
     return None

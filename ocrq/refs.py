@@ -32,6 +32,7 @@ the broker can submit any string).
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -67,9 +68,13 @@ class Ref:
 
     kind: Literal["local", "s3", "http"]
     value: str
-    path: Path | None = None
     bucket: str = ""
     key: str = ""
+
+    @functools.cached_property
+    def path(self) -> Path | None:
+        """A local ref's resolved path (built when asked for: most refs only need ``value``)."""
+        return Path(self.value) if self.kind == "local" else None
 
     @property
     def is_prefix(self) -> bool:
@@ -77,7 +82,7 @@ class Ref:
 
     @property
     def is_manifest(self) -> bool:
-        name = self.path.name if self.path is not None else self.key
+        name = os.path.basename(self.value) if self.kind == "local" else self.key
         return self.kind != "http" and not self.is_prefix and _suffix(name) in MANIFEST_EXTENSIONS
 
 
@@ -103,7 +108,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
         if isinstance(base, str) and not text.startswith("/"):
             bucket, _, prefix = base[len("s3://"):].partition("/")
             return parse(f"s3://{bucket}/{prefix}{text}", limits)
-        return _local(Path(text), text, limits, base)
+        return _local(text, text, limits, base)
     scheme = match.group(1).lower()
     if text.startswith(BAD_REF_PREFIX):
         raise RefusedRef(text[len(BAD_REF_PREFIX):])
@@ -113,7 +118,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
         parts = urlsplit(text)
         if parts.netloc not in ("", "localhost") or not parts.path:
             raise RefusedRef(f"malformed file reference: {text}")
-        return _local(Path(unquote(parts.path)), text, limits, base)
+        return _local(unquote(parts.path), text, limits, base)
     if scheme == "s3":
         return _s3(text, limits)
     if scheme in ("http", "https"):
@@ -141,29 +146,56 @@ def _s3(text: str, limits: LimitSettings) -> Ref:
 
 
 @functools.lru_cache(maxsize=64)
-def _resolved_roots(roots: tuple[Path, ...], cwd: Path) -> tuple[Path, ...]:
+def _resolved_roots(roots: tuple[Path, ...], cwd: str) -> tuple[Path, ...]:
     # resolved once per (roots, cwd), not once per reference: submit streams millions of refs
-    return tuple(r.resolve() for r in (roots or (cwd,)))
+    return tuple(r.resolve() for r in (roots or (Path(cwd),)))
+
+
+@functools.lru_cache(maxsize=64)
+def _root_prefixes(roots: tuple[Path, ...], cwd: str) -> tuple[tuple[str, str], ...]:
+    """(root, root + "/") strings: a path lies in a root when it is the root or starts with the
+    second (the same answer as ``Path.is_relative_to``, without building paths per reference)."""
+    return tuple((str(r), str(r).rstrip("/") + "/") for r in _resolved_roots(roots, cwd))
 
 
 def effective_roots(limits: LimitSettings) -> tuple[Path, ...]:
     """The resolved roots local refs must lie in (the current directory when none is set)."""
-    return _resolved_roots(tuple(limits.allowed_roots), Path.cwd())
+    return _resolved_roots(tuple(limits.allowed_roots), os.getcwd())
 
 
-def _local(path: Path, raw: str, limits: LimitSettings, base: Path | str | None) -> Ref:
-    cwd = Path.cwd()
-    if not path.is_absolute():
-        path = (base if isinstance(base, Path) else cwd) / path
+def _local(path: str, raw: str, limits: LimitSettings, base: Path | str | None) -> Ref:
+    # strings and os.path, not pathlib: a reference is parsed by the producer and again by the
+    # worker, and pathlib's objects cost 5x the realpath itself (docs/bench/overhead.md)
+    cwd = os.getcwd()
+    text = path
+    if not os.path.isabs(text):
+        text = os.path.join(os.fspath(base) if isinstance(base, Path) else cwd, text)
     try:
-        resolved = path.resolve()  # follows symlinks and '..' before the roots are checked
-        roots = _resolved_roots(tuple(limits.allowed_roots), cwd)
+        resolved = os.path.realpath(text)  # follows symlinks and '..' before the roots are checked
+        _check_loop(resolved)
+        roots = _root_prefixes(tuple(limits.allowed_roots), cwd)
     except (OSError, RuntimeError) as exc:  # symlink loops
         raise RefusedRef(f"unresolvable path: {raw}") from exc
-    if not any(resolved.is_relative_to(root) for root in roots):
-        listed = ", ".join(str(r) for r in roots)
+    if not any(resolved == root or resolved.startswith(prefix) for root, prefix in roots):
+        listed = ", ".join(root for root, _ in roots)
         raise RefusedRef(f"outside allowed roots ({listed}): {raw}")
-    return Ref("local", str(resolved), path=resolved)
+    return Ref("local", resolved)
+
+
+def _check_loop(resolved: str) -> None:
+    """What ``Path.resolve`` adds to ``realpath``: a symlink loop raises (realpath, not strict,
+    returns a path inside the loop)."""
+    try:
+        os.stat(resolved)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RuntimeError(f"Symlink loop from {exc.filename!r}") from exc
+
+
+def is_local(ref: str) -> bool:
+    """Whether a reference names a local file (a path or ``file://``), without parsing it."""
+    match = _SCHEME.match(ref)
+    return match is None or match.group(1).lower() == "file"
 
 
 def canonical(ref: str, limits: LimitSettings) -> str:
@@ -221,15 +253,15 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
         yield _refused(raw, str(exc))
         return
     lines: Iterator[str]
-    if ref.kind == "local" and ref.path is not None:
-        if ref.path.is_dir():
-            yield from _walk(ref.path, limits, row)
+    if ref.kind == "local":
+        if os.path.isdir(ref.value):
+            yield from _walk(Path(ref.value), limits, row)
             return
         if not ref.is_manifest:
             yield Entry("ref", ref.value, row=row)
             return
-        here: Path | str = ref.path.parent
-        lines = local_lines(ref.path)
+        here: Path | str = Path(ref.value).parent
+        lines = local_lines(Path(ref.value))
     elif ref.kind == "s3" and (ref.is_prefix or ref.is_manifest):
         if s3 is None:
             raise RefusedRef(f"no S3 client to expand {ref.value}")

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
+from pydantic_core import to_json
 
 
 class ImageStatus(StrEnum):
@@ -118,3 +119,10 @@ class ImageResult(BaseModel):
             "model": self.outputs[0].model if self.outputs else None,
             "row": rec.row,
         }
+
+
+def json_line(line: dict[str, Any]) -> bytes:
+    """A result line (``ImageResult.to_line``) as compact UTF-8 JSON, as the job's export and
+    ``ocrq results --out`` write it (pydantic's serializer: a quarter of ``json.dumps``'s time,
+    the largest part of exporting a job)."""
+    return to_json(line, fallback=str)

@@ -35,7 +35,12 @@ _BUSY_S = 60.0
 #: bound parameters per SELECT ... IN (SQLite's default limit is 32,766; stay well under it)
 _IN_BATCH = 500
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS objects (path TEXT PRIMARY KEY, doc BLOB NOT NULL) WITHOUT ROWID"
+#: a rowid table (new rows append to its last page) with the path index beside it: a chunk's
+#: documents have random paths, and a WITHOUT ROWID table keeps ~700-byte documents inside its
+#: path B-tree, where each insert dirtied (and often split) its own page; 2.5-3x less CPU per
+#: insert, and absent paths (cache misses) are found in the small index (docs/bench/overhead.md).
+#: Databases created as WITHOUT ROWID by earlier versions are used as they are.
+_SCHEMA = "CREATE TABLE IF NOT EXISTS objects (path TEXT PRIMARY KEY, doc BLOB NOT NULL)"
 
 
 class SqliteStore:

@@ -200,10 +200,12 @@ def _wait(handle: Any, timeout: float | None) -> dict[str, int]:
 
 
 def _write_results(handle: Any, out: Path) -> int:
+    from ocrq.results import json_line
+
     n = 0
-    with out.open("w", encoding="utf-8") as fh:
+    with out.open("wb") as fh:
         for result in handle.results():
-            fh.write(json.dumps(result.to_line(), ensure_ascii=False) + "\n")
+            fh.write(json_line(result.to_line()) + b"\n")
             n += 1
     return n
 

@@ -28,6 +28,7 @@ import redis
 from ocrq import keys
 from ocrq.errors import RefusedRef, TooLarge
 from ocrq.export import invalidate, request_export
+from ocrq.export import results as export_results
 from ocrq.intake import IntakePlan, plan_intake
 from ocrq.jobs import JobIndex
 from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, message_bytes
@@ -299,11 +300,4 @@ class Job:
     def results(self, batch: int = 512) -> Iterator[ImageResult]:
         """Every image of the job: finished ones with their stored document, others as records.
         Documents are read ``batch`` at a time (one store ``get_many``)."""
-        store = self.client.store
-        records = self.records()
-        while part := list(islice(records, batch)):
-            paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
-            docs = store.get_many(paths.values(), raw=True) if paths else {}
-            for rec in part:
-                raw = docs.get(paths[rec.id]) if rec.id in paths else None
-                yield ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec)
+        return export_results(self.client.index, self.client.store, self.name, batch)

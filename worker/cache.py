@@ -3,7 +3,8 @@
 A key is sha256(bytes) + engine revision + task + params (ocrq.keys.cache_key), so a hit is
 exactly "this engine already read these bytes this way". Lookups are one MGET for a whole chunk,
 then one batched store read (``get_many``) for the Redis misses (which also re-warm Redis); writes
-are one batched store write, then one pipelined SET per chunk.
+are one batched store write (with the chunk's result documents), then one script that SETs them
+all.
 """
 
 from __future__ import annotations
@@ -33,11 +34,23 @@ def _load(raw: bytes) -> Outputs:
     return _OUTPUTS.validate_json(raw)
 
 
+#: SET every key to its value with one TTL: a chunk's hot copies in one command and one reply
+#: (a pipeline of SETs cost redis-py 5 packed arguments and one parsed reply per entry).
+#: KEYS: the cache keys; ARGV: ttl seconds, then one value per key
+_SET_ALL = """
+for i, key in ipairs(KEYS) do
+  redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[1])
+end
+return #KEYS
+"""
+
+
 class ResultCache:
     def __init__(self, redis: Any, store: ResultStore, ttl: int) -> None:
         self.redis = redis
         self.store = store
         self.ttl = ttl
+        self._set_all = redis.register_script(_SET_ALL)
 
     def get_many(self, cache_keys: Sequence[str]) -> dict[str, Outputs]:
         unique = list(dict.fromkeys(cache_keys))
@@ -56,19 +69,19 @@ class ResultCache:
         found.update(warm)
         return found
 
-    def put_many(self, entries: Mapping[str, Outputs]) -> None:
-        """Durable copy first, then the hot copy (a hot entry always has a durable one)."""
-        if not entries:
-            return
+    def put_many(self, entries: Mapping[str, Outputs], documents: Sequence[tuple[str, Any]] = ()) -> None:
+        """Durable copy first, then the hot copy (a hot entry always has a durable one).
+        ``documents``: other store writes of the chunk, stored in the same call (one SQLite
+        transaction) as the durable copies."""
         encoded = {k: _dump(outs) for k, outs in entries.items()}
-        self.store.put_many([(keys.cache_object(k), raw) for k, raw in encoded.items()])
-        self._set_redis(encoded)
+        writes = [(keys.cache_object(k), raw) for k, raw in encoded.items()] + list(documents)
+        if writes:
+            self.store.put_many(writes)
+        if encoded:
+            self._set_redis(encoded)
 
     def _set_redis(self, encoded: Mapping[str, bytes]) -> None:
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for k, raw in encoded.items():
-                pipe.set(keys.cache(k), raw, ex=self.ttl)
-            pipe.execute()
+            self._set_all(keys=[keys.cache(k) for k in encoded], args=[self.ttl, *encoded.values()])
         except Exception as exc:
             raise StorageUnavailable(f"redis cache write: {exc}") from exc

@@ -6,15 +6,18 @@ anyone who can submit a reference; a segfault or an endless loop there would oth
 whole worker down — every chunk it holds, its engine — and, redelivered, take down the next
 worker too. With ``limits.decode_isolation`` (the default) each decode runs in one of
 ``limits.decode_processes`` long-lived children forked from a forkserver (never from the
-multithreaded worker itself). A fetch thread borrows one child for one image:
+multithreaded worker itself). A fetch thread borrows one child for a batch of images (a group of
+a chunk's cache misses: one message each way, not one per image), and for each image:
 
 - the child answers: its pages (or its typed error, e.g. ``BadImage``) come back pickled;
-- the child dies (segfault, abort, the OOM killer): the image gets ``DecoderCrashed``;
-- the child is silent for ``limits.decode_timeout_s``: it is SIGKILLed and the image gets
+- the child dies (segfault, abort, the OOM killer) on it: the image gets ``DecoderCrashed``;
+- the child spends ``limits.decode_timeout_s`` on it: it is SIGKILLed and the image gets
   ``DecoderCrashed`` too.
 
-A dead or killed child is replaced at once; other images, decoding in other children, are not
-touched. ``DecoderCrashed`` is retryable (the machine may have been short of memory); an image
+The child records which image it is on (and since when) in memory shared with the worker, so a
+crash costs exactly that image: the batch's images it had not answered yet are decoded again by
+a fresh child. A dead or killed child is replaced at once; other images, decoding in other
+children, are not touched. ``DecoderCrashed`` is retryable (the machine may have been short of memory); an image
 that crashes its decoder on every attempt ends as ``RetriesExhausted`` naming it.
 
 ``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort or hang on
@@ -31,6 +34,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -45,8 +49,24 @@ FAULT_ABORT = b"OCRQ-TEST-DECODER-ABORT"
 FAULT_HANG = b"OCRQ-TEST-DECODER-HANG"
 
 
+#: what decoding one image gives: its pages, or the typed error it failed with
+Outcome = list[Page] | Exception
+#: images sent to a child in one message: at most this many bytes of them (at least one image)
+_BATCH_BYTES = 8 << 20
+#: a child sends what it decoded so far once its pages hold this many pixel bytes, so a batch of
+#: large pages is never one huge reply
+_REPLY_BYTES = 32 << 20
+
+
 class Decoder(Protocol):
+    #: decodes that can run at once (a caller splits a chunk's images into this many groups)
+    parallelism: int
+
     def decode(self, data: bytes) -> list[Page]: ...
+
+    def decode_many(self, datas: Sequence[bytes]) -> list[Outcome]:
+        """Each image's pages or its error, in order (never raises for one image's sake)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -67,40 +87,71 @@ class InProcessDecoder:
 
     def __init__(self, limits: LimitSettings) -> None:
         self.limits = limits
+        self.parallelism = max(1, limits.fetch_threads)  # Pillow decodes without the GIL
 
     def decode(self, data: bytes) -> list[Page]:
         _faults(data, self.limits)
         return decode(data, self.limits)
 
+    def decode_many(self, datas: Sequence[bytes]) -> list[Outcome]:
+        out: list[Outcome] = []
+        for data in datas:
+            try:
+                out.append(self.decode(data))
+            except Exception as exc:  # handed back per image; the chunk classifies it
+                out.append(exc)
+        return out
+
     def close(self) -> None:
         pass
 
 
-def _serve(conn: Connection, limits: LimitSettings) -> None:
-    """A child's loop: bytes in, pages (or a typed error) out, until the pipe closes."""
+def _decode_reply(data: bytes, limits: LimitSettings) -> tuple[str, Any]:
+    try:
+        _faults(data, limits)
+        return ("ok", decode(data, limits))
+    except OcrqError as exc:
+        return ("err", exc.to_dict())
+    except Exception as exc:  # decode() types Pillow's errors; MemoryError and bugs land here
+        return ("err", DecoderCrashed(f"decoder raised {type(exc).__name__}: {exc}").to_dict())
+
+
+def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
+    """A child's loop: a batch of images in, their pages (or typed errors) out, until the pipe
+    closes. Before each image it writes (index, start time) to ``progress``, shared with the
+    parent: if it dies or hangs, the parent knows which image it was on."""
     # the worker's warm shutdown (SIGTERM/SIGINT to its process group) must not kill a decode
     # in flight; the child leaves when the worker closes the pipe or dies (EOF)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
-            data = conn.recv_bytes()
+            batch: list[bytes] = conn.recv()
         except (EOFError, OSError):
             return
-        try:
-            _faults(data, limits)
-            reply: tuple[str, Any] = ("ok", decode(data, limits))
-        except OcrqError as exc:
-            reply = ("err", exc.to_dict())
-        except Exception as exc:  # decode() types Pillow's errors; MemoryError and bugs land here
-            reply = ("err", DecoderCrashed(f"decoder raised {type(exc).__name__}: {exc}").to_dict())
-        conn.send(reply)
+        replies: list[tuple[str, Any]] = []
+        held = 0
+        for i, data in enumerate(batch):
+            progress[1] = time.monotonic()  # start first: the parent reads index, then start
+            progress[0] = i
+            reply = _decode_reply(data, limits)
+            replies.append(reply)
+            if reply[0] == "ok":
+                held += sum(3 * pg.width * pg.height for pg in reply[1])
+            if held >= _REPLY_BYTES and i + 1 < len(batch):
+                conn.send(replies)
+                replies, held = [], 0
+        conn.send(replies)
 
 
 class _Child:
     def __init__(self, ctx: Any, limits: LimitSettings) -> None:
         self.conn, child_end = mp.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child_end, limits), daemon=True, name="ocrq-decode")
+        #: [index in the current batch of the image being decoded, when it started
+        #: (time.monotonic: one clock for every process of the host)]
+        self.progress: Any = ctx.RawArray("d", 2)
+        self.proc = ctx.Process(target=_serve, args=(child_end, limits, self.progress), daemon=True,
+                                name="ocrq-decode")
         self.proc.start()
         child_end.close()
 
@@ -112,7 +163,14 @@ class _Child:
 
 
 class IsolatedDecoder:
-    """A fixed set of decoding children; each ``decode`` borrows one for one image."""
+    """A fixed set of decoding children; each round trip borrows one for a batch of images.
+
+    A batch is one message each way (one reply per ``_REPLY_BYTES`` of pages), not one per
+    image: the round trip's pipe writes, wake-ups and queue hand-offs were most of the worker's
+    cost of decoding a small image (docs/bench/overhead.md). What a crash costs is unchanged:
+    the child records which image it is on, so only that image gets ``DecoderCrashed``; the
+    batch's other images it had not answered yet are decoded again by a fresh child. Each image
+    still has ``decode_timeout_s`` from its own start."""
 
     def __init__(self, limits: LimitSettings) -> None:
         self.limits = limits
@@ -121,13 +179,14 @@ class IsolatedDecoder:
         # the forkserver imports Pillow and the decoder once; each child is a cheap fork of it
         self._ctx.set_forkserver_preload(["worker.decode"])
         n = limits.decode_processes or min(limits.fetch_threads, os.cpu_count() or 1)
+        self.parallelism = max(1, n)
         self._idle: queue.Queue[_Child] = queue.Queue()
         self._lock = threading.Lock()
         self._children: list[_Child] = []
         self._closed = False
         #: children that died or hung and were replaced
         self.crashes = 0
-        for _ in range(max(1, n)):
+        for _ in range(self.parallelism):
             self._idle.put(self._spawn())
 
     def _spawn(self) -> _Child:
@@ -146,28 +205,78 @@ class IsolatedDecoder:
             self._idle.put(self._spawn())
 
     def decode(self, data: bytes) -> list[Page]:
+        outcome = self.decode_many([data])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def decode_many(self, datas: Sequence[bytes]) -> list[Outcome]:
+        out: list[Outcome] = []
+        start = 0
+        while start < len(datas):  # batches of at most _BATCH_BYTES (a large image alone)
+            end, size = start + 1, len(datas[start])
+            while end < len(datas) and size + len(datas[end]) <= _BATCH_BYTES:
+                size += len(datas[end])
+                end += 1
+            out += self._decode_batch(datas[start:end])
+            start = end
+        return out
+
+    def _decode_batch(self, datas: Sequence[bytes]) -> list[Outcome]:
+        """One batch through children until every image has an outcome: after a crash, the
+        culprit fails and the images the child had not answered go to a fresh child."""
+        outcomes: dict[int, Outcome] = {}
+        pending = list(range(len(datas)))
+        while pending:
+            got, culprit, error = self._exchange([datas[i] for i in pending])
+            outcomes.update(zip(pending, got, strict=False))
+            if culprit is None or error is None:
+                break
+            outcomes[pending[culprit]] = error
+            pending = [i for k, i in enumerate(pending[len(got):], len(got)) if k != culprit]
+        return [outcomes[i] for i in range(len(datas))]
+
+    def _exchange(self, batch: list[bytes]) -> tuple[list[Outcome], int | None, DecoderCrashed | None]:
+        """Send ``batch`` to one child; the outcomes it answered (a prefix of the batch), and when
+        it died or hung: the index of the image it was on, and that image's error."""
         child = self._idle.get()
+        got: list[Outcome] = []
         try:
-            child.conn.send_bytes(data)
-            answered = child.conn.poll(self.timeout_s)
-            reply = child.conn.recv() if answered else None
+            child.progress[0], child.progress[1] = -1.0, time.monotonic()  # the clock runs from the send
+            child.conn.send(batch)
+            while len(got) < len(batch):
+                if not self._answered(child):
+                    culprit = self._culprit(child, len(got), len(batch))
+                    self._replace(child)
+                    return got, culprit, DecoderCrashed(
+                        f"decoder hung on this image: no answer within {self.timeout_s:g}s, killed")
+                got += [_outcome(reply) for reply in child.conn.recv()]
         except (EOFError, OSError):
+            culprit = self._culprit(child, len(got), len(batch))
             child.proc.join(5)
             code = child.proc.exitcode
             self._replace(child)
-            raise DecoderCrashed(f"decoder process died on this image ({_describe(code)})") from None
+            return got, culprit, DecoderCrashed(f"decoder process died on this image ({_describe(code)})")
         except BaseException:
             self._replace(child)  # interrupted mid-exchange: the pipe's state is unknown
             raise
-        if reply is None:
-            self._replace(child)
-            raise DecoderCrashed(f"decoder hung on this image: no answer within {self.timeout_s:g}s, killed")
         self._idle.put(child)
-        status, payload = reply
-        if status == "ok":
-            pages: list[Page] = payload
-            return pages
-        raise error_from_dict(payload)
+        return got, None, None
+
+    def _answered(self, child: _Child) -> bool:
+        """Wait for the child's next message while the image it is on is within its timeout."""
+        while True:
+            remaining = child.progress[1] + self.timeout_s - time.monotonic()
+            if child.conn.poll(max(0.0, remaining)):
+                return True
+            if child.progress[1] + self.timeout_s <= time.monotonic():  # not moved on meanwhile
+                return False
+
+    @staticmethod
+    def _culprit(child: _Child, answered: int, n: int) -> int:
+        # the image the child was on; one it had not reached when killed from outside (between
+        # two images) is blamed on the next unanswered one, as a single-image round trip would
+        return min(n - 1, max(answered, int(child.progress[0])))
 
     def close(self) -> None:
         with self._lock:
@@ -179,6 +288,14 @@ class IsolatedDecoder:
             child.proc.join(2)
             if child.proc.is_alive():
                 child.proc.kill()
+
+
+def _outcome(reply: tuple[str, Any]) -> Outcome:
+    status, payload = reply
+    if status == "ok":
+        pages: list[Page] = payload
+        return pages
+    return error_from_dict(payload)
 
 
 def _describe(exitcode: int | None) -> str:

@@ -37,6 +37,7 @@ from worker.governor import Governor
 from worker.intake import Intake, QueuedImage, settle
 from worker.nvml import MemoryProbe, NullProbe
 from worker.oom import OOM_LOG, OomRecovery, downscale_for_memory, is_oom
+from worker.pace import Pace
 
 __all__ = ["OOM_LOG", "EngineLoop", "Intake", "downscale_for_memory", "is_oom"]
 
@@ -62,6 +63,8 @@ class EngineLoop(OomRecovery):
         self.intake_wait_s = max(0.0, intake_wait_s)
         #: images announced (``expecting``) and not yet submitted: still being fetched/decoded
         self._incoming = 0
+        #: engine rate and intake latency: the backlog that keeps a fast engine busy
+        self.pace = Pace()
         self.oom_retries = max(0, oom_retries)
         self.oom_backoff_s = oom_backoff_s
         self.log = logger or logging.getLogger(__name__)
@@ -161,25 +164,28 @@ class EngineLoop(OomRecovery):
             self._incoming += max(0, images)
         return Intake(self._arrived, max(0, images))
 
-    def _arrived(self, images: int) -> None:
+    def _arrived(self, images: int, seconds: float) -> None:
+        self.pace.intake(seconds)
         with self._cond:
             self._incoming = max(0, self._incoming - images)
             self._cond.notify_all()
 
     def desired_backlog(self) -> int:
         """Images the worker should hold: the batch running now plus the governor's backlog of
-        batches to come. A chunk message stays unacknowledged until all its images are done, so
-        the images in flight take up prefetch window too; without them, the next chunk arrives only
-        after a batch finishes and the engine waits for its fetch and decode."""
+        batches to come, or what must be in intake to keep the engine busy (``worker.pace``:
+        engine rate × intake seconds) when that is more. A chunk message stays unacknowledged
+        until all its images are done, so the images in flight take up prefetch window too;
+        without them, the next chunk arrives only after a batch finishes and the engine waits
+        for its fetch and decode."""
         with self._cond:
             running = len(self._inflight)
-        return running + self.governor.desired_backlog()
+        return running + max(self.governor.desired_backlog(), self.pace.backlog())
 
     def state(self) -> dict[str, Any]:
         with self._cond:
             loop: dict[str, Any] = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
                     "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4),
-                    "idle_s": round(self._idle_s, 3), "incoming": self._incoming}
+                    "idle_s": round(self._idle_s, 3), "incoming": self._incoming, **self.pace.state()}
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
@@ -353,6 +359,7 @@ class EngineLoop(OomRecovery):
         started = time.monotonic()
         outcomes = self.engine.infer(requests)
         seconds = self._last_batch_s = time.monotonic() - started
+        self.pace.batch(len(requests), seconds, self._slots)
         if len(outcomes) != len(requests):
             raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
         if self._on_batch is not None:

@@ -4,6 +4,7 @@ fetches and decodes them (``Intake``), images queued with the future their resul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
@@ -17,15 +18,17 @@ __all__ = ["Intake", "QueuedImage", "settle"]
 
 class Intake:
     """Images announced to the engine loop while they are fetched and decoded; ``close`` (once,
-    after they were submitted or dropped) withdraws them. A context manager."""
+    after they were submitted or dropped) withdraws them and reports how long that took
+    (``arrived(images, seconds)``). A context manager."""
 
-    def __init__(self, arrived: Callable[[int], None], images: int) -> None:
+    def __init__(self, arrived: Callable[[int, float], None], images: int) -> None:
         self._arrived, self._images = arrived, images
+        self._since = time.monotonic()
 
     def close(self) -> None:
         images, self._images = self._images, 0
         if images:
-            self._arrived(images)
+            self._arrived(images, time.monotonic() - self._since)
 
     def __enter__(self) -> Intake:
         return self

@@ -13,14 +13,18 @@ hangs fails one image with ``DecoderCrashed`` instead of the worker.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrq import keys
 from ocrq.fetch import fetch
 from ocrq.messages import Chunk, Item
+from ocrq.refs import is_local
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext
 from worker.documents import is_pdf
+from worker.fanout import fan_out
 from worker.images import Page, decode, sha256_hex
 
 
@@ -53,6 +57,17 @@ def decode_bytes(ctx: WorkerContext, data: bytes) -> list[Page]:
     return ctx.decoder.decode(data) if ctx.decoder else decode(data, ctx.settings.limits)
 
 
+def fetch_groups(ctx: WorkerContext, chunk: Chunk) -> int:
+    """Fetch-pool groups for a chunk: ``limits.fetch_threads`` when any ref is remote (S3, HTTP:
+    the threads wait on the network), at most one per CPU when all are local files. Reading a
+    local file is CPU work in Python between short syscalls, each a GIL hand-off: eight threads
+    doing it on two cores cost 15-20% more CPU per image than two (docs/bench/overhead.md)."""
+    threads = ctx.settings.limits.fetch_threads
+    if all(is_local(it.ref) for it in chunk.items):
+        return max(1, min(threads, os.cpu_count() or 1))
+    return threads
+
+
 def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     """Fetch and hash (and render a PDF); a plain image's decode waits for the cache check."""
     data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
@@ -71,6 +86,29 @@ def decode_miss(ctx: WorkerContext, prep: Prepared) -> None:
     """Decode a plain image whose cache entry was missing (typed errors: BadImage, ...)."""
     prep.units[0].pages = decode_bytes(ctx, prep.data)
     prep.data = b""
+
+
+def decode_misses(ctx: WorkerContext, misses: Sequence[Prepared]) -> list[Exception | None]:
+    """Decode a chunk's plain images that missed the cache: one error (or None) per image.
+
+    The images go to the decoder in ``decoder.parallelism`` groups, each one ``decode_many``
+    call in the fetch pool: with isolation, one round trip to a child per group instead of one
+    per image."""
+    decoder = ctx.decoder
+    if decoder is None:
+        return fan_out(ctx.fetch_pool, ctx.settings.limits.fetch_threads, lambda p: decode_miss(ctx, p), misses)
+    n = min(decoder.parallelism, len(misses))
+    groups = [misses[g::n] for g in range(n)]
+    outcomes = fan_out(ctx.fetch_pool, n, lambda group: decoder.decode_many([p.data for p in group]), groups)
+    errors: list[Exception | None] = [None] * len(misses)
+    for g, (group, got) in enumerate(zip(groups, outcomes, strict=True)):
+        for k, prep in enumerate(group):
+            outcome = got if isinstance(got, Exception) else got[k]  # a whole group's failure: each image's
+            if isinstance(outcome, Exception):
+                errors[g + k * n] = outcome
+            else:
+                prep.units[0].pages, prep.data = outcome, b""
+    return errors
 
 
 def on_page(output: OcrOutput, page: int) -> OcrOutput:

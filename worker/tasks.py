@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +31,7 @@ from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
 from worker.intake import Intake
-from worker.prepare import Prepared, assemble, decode_miss, on_page, prepare
+from worker.prepare import Prepared, assemble, decode_misses, fetch_groups, on_page, prepare
 from worker.retry import backoff, final_error
 
 log = logging.getLogger("ocrq.task")
@@ -92,10 +92,9 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
 
     # 1. fetch + hash (PDFs rendered: their pages are the cache units) — in the fetch pool, a few
     # groups per chunk (worker.fanout), overlapping other chunks' inference
-    threads = ctx.settings.limits.fetch_threads
     prepared: dict[str, Prepared] = {}
     errors: dict[str, OcrqError] = {}
-    fetched = fan_out(ctx.fetch_pool, threads, lambda it: prepare(ctx, chunk, it), chunk.items)
+    fetched = fan_out(ctx.fetch_pool, fetch_groups(ctx, chunk), lambda it: prepare(ctx, chunk, it), chunk.items)
     for it, outcome in zip(chunk.items, fetched, strict=True):
         if isinstance(outcome, Exception):  # typed errors from refs/documents; anything else is classified
             errors[it.id] = classify(outcome)
@@ -112,14 +111,13 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
 
     # 3. validate (decode) the plain images that missed, in the fetch pool and through the
-    # isolated decoder (worker.decode); a bad image fails here, typed
+    # isolated decoder (worker.decode: a few batches per chunk); a bad image fails here, typed
     misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in hits]
     for p in prepared.values():
         if p.data and p.units[0].cache_key in hits:
             p.data = b""  # a hit is never decoded: its bytes can go now
-    for prep, bad in zip(misses, fan_out(ctx.fetch_pool, threads, lambda p: decode_miss(ctx, p), misses),
-                         strict=True):
-        if isinstance(bad, Exception):
+    for prep, bad in zip(misses, decode_misses(ctx, misses), strict=True):
+        if bad is not None:
             errors[prep.item.id] = classify(bad)
 
     # 4. plan + infer: every page goes to the engine loop (one hand-off for the chunk), whose
@@ -143,6 +141,9 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # the threads pool has no Celery time limits: the chunk's own deadline bounds the wait, and
     # an image still in the engine then is retried (its retry joins the same in-flight future)
     deadline = t0 + ctx.settings.queue.time_limit
+    # one wake-up when the chunk's last page is done (not one per engine batch: with batches of 4,
+    # the thread slept and woke for every 4 images)
+    wait([f for futures in pending.values() for f in futures], timeout=max(0.0, deadline - time.monotonic()))
     for (item_id, n), page_futures in pending.items():
         if item_id in errors:  # another page of this document already failed
             continue
@@ -158,11 +159,12 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("→ infer %s units=%d shared=%d %.2fs", tag, len(pending) - len(shared), len(shared),
              time.monotonic() - t1)
 
-    # 5. store: cache entries (durable + hot), one result document per image, then the job index
-    # (pages computed for a document whose other page failed are cached too: its retry hits them)
-    # (the outputs carry their page numbers: a cache entry is stored as computed, no copies)
-    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
-                        for (i, n), outs in computed.items() if (i, n) not in shared})
+    # 5. store: cache entries (durable + hot) and one result document per image (one store call),
+    # then the job index (pages computed for a document whose other page failed are cached too:
+    # its retry hits them; the outputs carry their page numbers: an entry is stored as computed)
+    computed_units: dict[str, list[int]] = {}
+    for i, n in computed:
+        computed_units.setdefault(i, []).append(n)
     report = ChunkReport()
     records: list[ImageRecord] = []
     docs: list[ImageResult] = []
@@ -175,7 +177,7 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
                 docs.append(ImageResult(record=rec))
         else:
             assert got is not None
-            mine = {n for i, n in computed if i == item.id}
+            mine = computed_units.get(item.id, [])
             outs, cached = assemble(got, hits, {n: computed[(item.id, n)] for n in mine},
                                     {n for n in mine if (item.id, n) in shared}, max_pages)
             rec = _record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
@@ -189,7 +191,8 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # the failed registry's durable mirror: losing Redis does not lose what failed
     writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
-    ctx.store.put_many(writes)
+    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
+                        for (i, n), outs in computed.items() if (i, n) not in shared}, documents=writes)
     ctx.index.record(records)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
@@ -284,7 +287,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     def finish_job(self: Task, job: str, outage_since: float | None = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
-            marker = export_job(ctx.index, ctx.store, job, ctx.fetch_pool)
+            marker = export_job(ctx.index, ctx.store, job)
         except OcrqError as exc:
             # the store or Redis away: wait it out as a chunk does (_outage_wait), or the job,
             # finished, would never get its export (no chunk is left to ask for it again)

@@ -93,3 +93,45 @@ def test_close_ends_every_child(limits: LimitSettings) -> None:
     procs = [c.proc for c in dec._children]
     dec.close()
     assert all(not p.is_alive() for p in procs)
+
+
+def test_a_batch_costs_only_its_crashing_images(limits: LimitSettings) -> None:
+    """One round trip carries many images; an abort and a hang inside it fail those two only:
+    the child's progress names the culprit, and the images it had not answered go to a fresh child."""
+    dec = IsolatedDecoder(limits)
+    try:
+        batch = [png(1), png(2, FAULT_ABORT), png(3), png(4, FAULT_HANG), png(5), b"not an image"]
+        t0 = time.monotonic()
+        out = dec.decode_many(batch)
+        assert 2.0 <= time.monotonic() - t0 < 10  # the hang, killed after its own timeout
+        assert [type(o).__name__ for o in out] == ["list", "DecoderCrashed", "list", "DecoderCrashed", "list",
+                                                    "BadImage"]
+        assert "SIGABRT" in str(out[1]) and "hung" in str(out[3])
+        assert all(o[0].image.tobytes() == decode(batch[i], limits)[0].image.tobytes()
+                   for i, o in enumerate(out) if isinstance(o, list))
+        assert dec.crashes == 2 and len(dec._children) == 2
+        assert dec.decode_many([png(6), png(7)])[1][0].width == 64  # still serving
+    finally:
+        dec.close()
+
+
+def test_each_image_of_a_batch_has_its_own_timeout(limits: LimitSettings) -> None:
+    """Images that each decode well within the timeout are not killed for adding up past it."""
+    slow = limits.model_copy(update={"decode_timeout_s": 0.25, "decode_processes": 1})
+    dec = IsolatedDecoder(slow)
+    try:
+        # 1024x1024 pages, a few ms each; together (one round trip) past the timeout
+        big = []
+        for seed in range(48):
+            out = io.BytesIO()
+            Image.new("RGB", (1024, 1024), (seed, 90, 200)).save(out, "PNG")
+            big.append(out.getvalue())
+        t0 = time.monotonic()
+        got = dec.decode_many(big)
+        took = time.monotonic() - t0
+        if took < 2 * slow.decode_timeout_s:
+            pytest.skip(f"the batch decoded in {took:.2f}s: too fast to show a per-image timeout")
+        assert all(isinstance(o, list) and o[0].width == 1024 for o in got), got
+        assert dec.crashes == 0
+    finally:
+        dec.close()

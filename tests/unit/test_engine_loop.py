@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,7 @@ from worker.engines.base import ImageCost, OcrRequest
 from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
 from worker.governor import Governor
 from worker.nvml import NvmlProbe
+from worker.pace import Pace
 
 WEIGHTS = 1_000_000
 PER_TOKEN = 1_000
@@ -385,6 +387,30 @@ def test_the_backlog_counts_the_batch_in_flight_on_top_of_the_next_ones(loops: l
     while loop.state()["inflight"] and time.monotonic() < deadline:  # cleared just after the results
         time.sleep(0.01)
     assert loop.desired_backlog() == loop.governor.desired_backlog()
+
+
+def test_a_fast_engine_asks_for_what_its_intake_takes_to_keep_it_busy(loops: list[EngineLoop]) -> None:
+    # Given an engine that reads 8 images in 10 ms (800 a second) behind an intake of ~50 ms a chunk
+    engine = sim(batch_latency_s=0.01)
+    loop = start(loops, engine, linger_s=0.0, initial_size=8, max_size=8)
+    assert loop.desired_backlog() == loop.governor.desired_backlog()  # nothing measured yet
+    for _ in range(3):
+        with loop.expecting(8):
+            time.sleep(0.05)
+            futures = loop.submit_many([req(i) for i in range(8)])
+        [outcome(f) for f in futures]
+    # Then it holds rate × intake (Little's law: ~40 images) rather than the governor's 2 batches
+    pace = loop.state()
+    assert 0.04 <= pace["intake_s"] < 0.5 and 100 < pace["engine_img_s"] <= 800
+    assert loop.desired_backlog() >= math.ceil(pace["engine_img_s"] * pace["intake_s"]) > 16
+
+
+def test_a_slow_engine_keeps_the_governors_backlog() -> None:
+    # Little's law gives less than two batches when the engine is slow: the governor decides
+    pace = Pace()
+    pace.batch(4, 2.0)  # 2 images a second
+    pace.intake(0.2)
+    assert pace.backlog() == 1
 
 
 # ---- intake: images the worker holds but is still decoding -------------------------------------

@@ -5,6 +5,8 @@ images and PDFs are real bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,17 +19,29 @@ from ocrq.results import OcrOutput
 from ocrq.settings import Settings
 from tests.unit.test_documents import make_pdf
 from worker.images import Page, decode, sha256_hex
-from worker.prepare import assemble, decode_miss, prepare
+from worker.prepare import assemble, decode_miss, decode_misses, prepare
 
 
 @dataclass
 class CountingDecoder:
     settings: Settings
     calls: int = 0
+    parallelism: int = 2
+    batches: list[int] = field(default_factory=list)
 
     def decode(self, data: bytes) -> list[Page]:
         self.calls += 1
         return decode(data, self.settings.limits)
+
+    def decode_many(self, datas: Sequence[bytes]) -> list[list[Page] | Exception]:
+        self.batches.append(len(datas))
+        out: list[list[Page] | Exception] = []
+        for data in datas:
+            try:
+                out.append(self.decode(data))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def close(self) -> None:
         pass
@@ -39,6 +53,7 @@ class FakeContext:
     decoder: CountingDecoder
     s3_client: Any = None
     engine: Any = field(default_factory=lambda: type("E", (), {"revision": "rev1"})())
+    fetch_pool: Any = field(default_factory=lambda: ThreadPoolExecutor(2))
 
 
 def _ctx(root: Path) -> Any:
@@ -60,6 +75,23 @@ def test_a_plain_image_is_hashed_not_decoded_until_its_cache_misses(tmp_path: Pa
     assert prep.cache_key == keys.cache_key(sha, "rev1", "text", {})
     decode_miss(ctx, prep)
     assert ctx.decoder.calls == 1 and len(prep.units[0].pages) == 1 and prep.data == b""
+
+
+def test_misses_decode_in_one_batch_per_decoder_slot_with_errors_per_image(tmp_path: Path) -> None:
+    ctx, chunk = _ctx(tmp_path), Chunk(job="j", task="text", items=[])
+    preps = []
+    for i in range(5):
+        path = tmp_path / f"{i}.png"
+        if i == 3:
+            path.write_bytes(b"not an image")
+        else:
+            Image.new("RGB", (10 + i, 20), "white").save(path)
+        preps.append(prepare(ctx, chunk, Item(id=str(i), ref=str(path))))
+    errors = decode_misses(ctx, preps)
+    assert sorted(ctx.decoder.batches) == [2, 3]  # parallelism 2: two round trips, not five
+    assert [type(e).__name__ if e else None for e in errors] == [None, None, None, "BadImage", None]
+    assert [p.units[0].pages[0].width if p.units[0].pages else None for p in preps] == [10, 11, 12, None, 14]
+    assert all(p.data == b"" for i, p in enumerate(preps) if i != 3)
 
 
 def test_a_pdf_is_rendered_at_once_and_each_page_is_a_unit(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
 from ocrq.fetch import fetch
-from ocrq.refs import BAD_REF_PREFIX, canonical, expand, expand_entries, parse
+from ocrq.refs import BAD_REF_PREFIX, canonical, expand, expand_entries, is_local, parse
 from ocrq.settings import LimitSettings
 
 
@@ -76,6 +76,23 @@ def test_symlink_escape_is_refused(root: Path, limits: LimitSettings) -> None:
     inside = touch(root / "real.png")
     (root / "alias.png").symlink_to(inside)
     assert canonical(str(root / "alias.png"), limits) == str(inside)
+
+
+def test_a_sibling_sharing_the_roots_name_is_outside_and_a_symlink_loop_is_refused(
+        root: Path, limits: LimitSettings) -> None:
+    # the roots are checked on path strings: "/x/root" must not admit "/x/root-other/a.png"
+    sibling = touch(root.parent / (root.name + "-other") / "a.png")
+    with pytest.raises(RefusedRef, match="outside allowed roots"):
+        canonical(str(sibling), limits)
+    assert canonical(str(root), limits) == str(root.resolve())  # the root itself is inside
+    (root / "loop").symlink_to(root / "loop")
+    with pytest.raises(RefusedRef, match="unresolvable"):
+        canonical(str(root / "loop"), limits)
+
+
+def test_is_local() -> None:
+    assert is_local("/a/b.png") and is_local("rel/b.png") and is_local("file:///a.png") and is_local("C:/x.png")
+    assert not any(is_local(r) for r in ("s3://b/k", "https://h/a.png", "invalid:why"))
 
 
 def test_schemes(limits: LimitSettings) -> None:

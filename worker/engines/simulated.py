@@ -135,7 +135,8 @@ class SimulatedEngine:
         if self._crashes_left > 0:
             self._crashes_left -= 1
             raise RuntimeError("simulated engine crash (not a memory problem)")
-        need = self.true_peak([self.cost(r) for r in batch])
+        costs = [self.cost(r) for r in batch]
+        need = self.true_peak(costs)
         need *= 1.0 + self.noise * (2.0 * self._rng.random() - 1.0)
         if self._transient_left > 0:
             self._transient_left -= 1
@@ -154,7 +155,7 @@ class SimulatedEngine:
             self.peaks.append(int(need))
         if self.batch_latency_s or self.image_latency_s:
             time.sleep(self.batch_latency_s + self.image_latency_s * len(batch))
-        return [self._output(r) for r in batch]
+        return [self._output(r, c.vision_tokens) for r, c in zip(batch, costs, strict=True)]
 
     def _oom(self, need: float, *, transient: bool) -> None:
         message = (
@@ -165,7 +166,7 @@ class SimulatedEngine:
             raise OutOfMemoryError(message)
         raise EngineOOM(message)
 
-    def _output(self, request: OcrRequest) -> OcrOutput | OcrqError:
+    def _output(self, request: OcrRequest, vision_tokens: int) -> OcrOutput | OcrqError:
         if request.key in self.bad_keys:
             return BadImage(f"{request.key}: simulated undecodable image")
         image = request.image
@@ -177,7 +178,7 @@ class SimulatedEngine:
         box = [[0.0, 0.0], [float(w), 0.0], [float(w), float(h)], [0.0, float(h)]]
         return OcrOutput(
             text=text, lines=[OcrLine(text=text, box=box, confidence=1.0)], engine=self.name,
-            model=self.revision, width=w, height=h, meta={"vision_tokens": self.cost(request).vision_tokens},
+            model=self.revision, width=w, height=h, meta={"vision_tokens": vision_tokens},
         )
 
     def memory(self) -> MemorySample:
