@@ -18,7 +18,7 @@
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
-#   bash bench/h200_vllm.sh session7   # session6's pair on the seventh session's code
+#   bash bench/h200_vllm.sh session7   # the same as session6 (kept for the seventh session's notes)
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
 #   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
@@ -158,7 +158,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     echo "[rows] max_num_batched_tokens $M"
     row 230 vllm-default plain --max-num-batched-tokens "$M"
     row 300 ocrq-vllm worker --max-num-batched-tokens "$M" ;;
-  session6)  # the fixed worker first (what changed), then plain vLLM beside it, both at 65536
+  session6|session7)  # the worker first, then plain vLLM beside it, both at 65536
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
   session8)  # is the VM's memory still backed (vm_memory)? then the pair, three sets each (docs/bench/gpu-vllm.md)
@@ -170,9 +170,6 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2
     sleep 20; python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
     DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
-  session7)  # the same pair on the seventh session's code (render threads, render-ahead 128)
-    row 300 ocrq-vllm worker --max-num-batched-tokens 65536
-    row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
   server)
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row

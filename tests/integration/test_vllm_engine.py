@@ -264,8 +264,8 @@ def test_a_fresh_engines_render_threads_build_no_processors(checkpoint: Path, en
     """24 pages rendered on 8 threads of a newly built engine, in a fresh process: no HF processor is
     constructed and vLLM's tokenizer is never deep-copied while they render. Without the engine's
     renderer warm-up and tokenizer-pool size, vLLM 0.26 builds processors and tokenizer copies in
-    every render thread at once (CPU: 19 and 66 for these 24 renders); on the H200 that was ~93 %
-    of a worker's GIL time during its whole first job (docs/bench/gpu-vllm.md, eighth session)."""
+    every render thread at once (CPU: 19-24 and 66-97 for these 24 renders); on the H200 that was ~93 %
+    of a worker's GIL samples during its first job (docs/bench/gpu-vllm.md, eighth session)."""
     out = tmp_path / "herd.json"
     cmd = [sys.executable, "-m", "tests.integration.vllm_render_herd", str(checkpoint), str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)

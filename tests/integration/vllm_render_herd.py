@@ -7,7 +7,7 @@ Builds a ``VllmEngine`` with 8 render threads, renders 24 pages of mixed sizes o
 writes how many HF processors were constructed and how many times vLLM's tokenizer was deep-copied
 during those renders (after the build). ``--unfixed`` leaves out the engine's renderer warm-up and
 its tokenizer-pool size, the way vLLM 0.26 runs by default: then every render thread builds its own
-processors and tokenizer copies at once (CPU: 19 processors and 66 copies for these 24 renders).
+processors and tokenizer copies at once (CPU: 19-24 processors and 66-97 copies for these 24 renders, two runs).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(model_dir: str, out: str, unfixed: bool) -> None:
     engine = VllmEngine(engine_settings(Path(model_dir), "vllm", render_threads=8,
                                         extra={"vllm": {"kv_cache_memory_bytes": 256 << 20}}))
     engine.start()
-    counts = dict.fromkeys(counts, 0)  # what the build did is not the question
+    counts.update(dict.fromkeys(counts, 0))  # what the build did is not the question
     images = make_images(0) + make_images(1) + make_images(2) + make_images(3)
     requests = [OcrRequest(key=f"p{i}", image=im) for i, im in enumerate(images)]
     engine.prepare(requests)

@@ -194,7 +194,7 @@ class VllmEngine:
         """Render one page here, before any render thread does: vLLM builds its HF processors
         lazily, behind ``lru_cache``s that do not hold concurrent misses back, so the render threads
         of a fresh engine each built their own processors (and tokenizer copies) for every cache key
-        at once. On the H200 that was a worker's whole first job: 2.2 img/s, ~93 % of the GIL inside
+        at once. On the H200 a worker's first job ran at 2.2 img/s, ~93 % of its GIL samples inside
         ``get_processor`` (docs/bench/gpu-vllm.md). Returns the seconds it took."""
         from PIL import Image
 
