@@ -22,6 +22,7 @@
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
 #   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
+#   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
@@ -71,6 +72,14 @@ diag() {  # diag NAME: every ~3 s for DIAG_S (90) s, the busiest threads now and
   # worker is ready, py-spy records it (collapsed stacks): the GIL holders and every busy thread in its
   # first job (SPY_S s), and the GIL holders again once the first job is done
   local name=$1 stop=$((SECONDS + ${DIAG_S:-90})) spy=/tmp/site2/bin/py-spy wlog=$WORK/$1-worker.log rec=0
+  # the GPU's own view: NVML utilisation (share of time a kernel ran) and memory, every 250 ms
+  python3 -c "
+import pynvml, time, sys
+pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0); t0 = time.time()
+while time.time() - t0 < ${DIAG_S:-90}:
+    u = pynvml.nvmlDeviceGetUtilizationRates(h); m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(f'{time.time():.2f} {u.gpu} {m.used / 2**30:.2f}', flush=True); time.sleep(0.25)
+" > "$OUT/$name.nvml.txt" 2>&1 &
   while [ $SECONDS -lt $stop ]; do
     # top's second frame: CPU over the last second (ps's pcpu is a thread's lifetime average)
     { echo "== t=$SECONDS"; top -H -b -n 2 -d 1 -w 200 2>/dev/null | awk '/^top -/{f++} f==2' | head -40 \
@@ -85,6 +94,11 @@ diag() {  # diag NAME: every ~3 s for DIAG_S (90) s, the busiest threads now and
       elif [ $rec = 1 ] && grep -q '"run": "first"' "$OUT/$name.log" 2>/dev/null; then
         rec=2
         $spy record --gil --nonblocking -r 100 -d 10 -f raw -o "$OUT/$name.gil2.txt" -p "$w" >/dev/null 2>&1 &
+        # vLLM's engine core during the warm set: every thread, idle ones too (a thread waiting on
+        # the GPU shows where it waits), so busy CPU work and GPU waits can be told apart
+        local core; core=$(pgrep -f "VLLM::EngineCore" | head -1)
+        [ -n "$core" ] && $spy record --idle --nonblocking -r 100 -d "${CORE_S:-12}" -f raw \
+          -o "$OUT/$name.core2.txt" -p "$core" >/dev/null 2>&1 &
       fi
     fi
     sleep 2
@@ -165,6 +179,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
     DIAG=1 DIAG_S=${DIAG_S:-200} row 330 ocrq-vllm worker --max-num-batched-tokens 65536
     row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
+  session9)  # the fixed first job and the warm set under DIAG (engine core profiled), three sets
+    DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
   firstset)  # does idle memory go cold (vm_memory after 20 s idle)? then a worker's first and second job
     # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2
