@@ -2,6 +2,11 @@
 share of samples per function, self and inclusive (docs/bench/overhead.md quotes these).
 
     .venv/bin/python -m bench.profile_summary PROFILE.txt [--top 25]
+    .venv/bin/python -m bench.profile_summary CORE.txt --engine-core   # vLLM engine core, by phase
+
+``--engine-core`` reads a record of vLLM's engine core taken with ``--idle`` (bench/h200_vllm.sh DIAG)
+and splits its main thread (every stack not rooted in a ``threading`` thread) into the phases
+docs/bench/gpu-vllm.md tabulates; a sample goes to the first phase whose test matches.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 _FRAME = re.compile(r"(.*) \((.*?)(?::\d+)?\)$")
@@ -36,11 +42,61 @@ def summarize(path: Path) -> tuple[int, Counter[str], Counter[str]]:
     return total, own, incl
 
 
+# (phase, test on the sample's frame names and its raw leaf frame), first match wins; line 528 of
+# hunyuan_vision.py is vLLM 0.26.0's one sync in the tower (`split_lengths = (...).tolist()`)
+_PHASES: list[tuple[str, Callable[[set[str], str], bool]]] = [
+    (
+        "idle: waiting for requests",
+        lambda s, leaf: (
+            "EngineCoreProc._process_input_queue" in s and leaf.startswith(("Condition.wait", "Event.wait"))
+        ),
+    ),
+    (
+        "vision tower: waiting for the GPU (.tolist after the last layer)",
+        lambda s, leaf: leaf.startswith("HunYuanVisionTransformer.forward") and "hunyuan_vision.py:528" in leaf,
+    ),
+    ("vision tower: launching (per image, per layer)", lambda s, leaf: "HunYuanVisionTransformer.forward" in s),
+    (
+        "batching multimodal inputs (pixel patches into one buffer)",
+        lambda s, leaf: "MultiModalFlatField._reduce_data" in s,
+    ),
+    ("sampling", lambda s, leaf: "UniProcExecutor.sample_tokens" in s),
+    ("execute_model, the rest (decoder inputs and graphs)", lambda s, leaf: "GPUModelRunner.execute_model" in s),
+    ("scheduler", lambda s, leaf: "Scheduler.schedule" in s or "Scheduler.update_from_output" in s),
+    ("busy loop, other", lambda s, leaf: "EngineCoreProc.run_busy_loop" in s),
+    ("truncated stacks", lambda s, leaf: True),
+]
+
+
+def engine_core_phases(path: Path) -> tuple[int, Counter[str]]:
+    phases: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if frames[0].startswith("Thread._bootstrap"):
+            continue  # vLLM's socket threads, tqdm's monitor: not the busy loop
+        names = {_name(f).split(" (")[0] for f in frames}
+        leaf = frames[-1]
+        total += int(n)
+        phases[next(p for p, test in _PHASES if test(names, leaf))] += int(n)
+    return total, phases
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("profile", type=Path)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--engine-core", action="store_true", help="vLLM engine core's main thread, by phase")
     args = ap.parse_args()
+    if args.engine_core:
+        total, phases = engine_core_phases(args.profile)
+        print(f"{args.profile}: {total} main-thread samples")
+        for name, n in phases.most_common():
+            print(f"{100 * n / total:5.1f}%  {n:5d}  {name}")
+        return
     total, own, incl = summarize(args.profile)
     print(f"{args.profile}: {total} samples")
     for title, counter in (("self", own), ("inclusive", incl)):
