@@ -284,7 +284,8 @@ def worker(args: argparse.Namespace) -> None:
            "OCRQ_ENGINE__CONCURRENT_BATCHES": str(args.concurrent_batches),
            "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
-           "OCRQ_QUEUE__CHUNK_SIZE": "32", "OCRQ_METRICS_PORT": "0"}
+           "OCRQ_QUEUE__CHUNK_SIZE": "32", "OCRQ_METRICS_PORT": "0",
+           "OCRQ_ENGINE__VISION_GROUP_PATCHES": str(args.vision_group_patches)}
     server = None
     sampler = _PeakSampler()
     sampler.start()
@@ -292,7 +293,8 @@ def worker(args: argparse.Namespace) -> None:
         env.update({"OCRQ_ENGINE__DTYPE": "float32", "OCRQ_ENGINE__ENFORCE_EAGER": "true",
                     "VLLM_CPU_KVCACHE_SPACE": "1"})
     row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
-                           "concurrent_batches": args.concurrent_batches, "jobs": []}
+                           "concurrent_batches": args.concurrent_batches,
+                           "vision_group_patches": args.vision_group_patches, "jobs": []}
     try:
         if args.server:
             from ocrq.settings import EngineSettings
@@ -302,7 +304,8 @@ def worker(args: argparse.Namespace) -> None:
             es = EngineSettings(kind="vllm-server", model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
                                 max_num_batched_tokens=args.max_num_batched_tokens,
                                 gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
-                                dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda)
+                                dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda,
+                                vision_group_patches=args.vision_group_patches)
             t0 = time.perf_counter()
             log_file = (args.work / f"{args.name}-server.log").open("wb")
             server = launch_server(model, sport, es, env=env, log_file=log_file, ready_timeout=500)
@@ -366,6 +369,8 @@ def main() -> None:
     w.add_argument("--max-num-seqs", type=int, default=256)
     w.add_argument("--concurrent-batches", type=int, default=8)
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
+    w.add_argument("--vision-group-patches", type=int, default=0,
+                   help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
     r = sub.add_parser("report")
     r.add_argument("--dirs", type=Path, nargs="+", required=True)
     r.add_argument("--transformers", type=Path, default=None, help="bench.gpu_worker JSON (its warm job)")

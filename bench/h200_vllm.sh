@@ -23,6 +23,7 @@
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
 #   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
 #   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
+#   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
@@ -182,6 +183,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
   session9)  # the fixed first job and the warm set under DIAG (engine core profiled), three sets
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
+  groups)  # the opt-in grouped vision tower (worker/engines/vllm_vision.py) against session9's row
+    # on the same machine: run session9 first, then this, back to back
+    DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-groups worker --max-num-batched-tokens 65536 \
+      --vision-group-patches ${GROUP_PATCHES:-16384} ;;
   firstset)  # does idle memory go cold (vm_memory after 20 s idle)? then a worker's first and second job
     # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2

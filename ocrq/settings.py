@@ -143,6 +143,12 @@ class EngineSettings(BaseModel):
     #: tower's activations of mixed page sizes from fragmenting the cache past vLLM's profiled
     #: peak (docs/gpu.md, "Memory"); "" leaves PyTorch's default
     cuda_alloc_conf: str = "expandable_segments:True"
+    #: vllm, vllm-server launched by ocrq: run the vision tower on groups of pages of at most this
+    #: many patches, every layer once per group (0: vLLM's loop, each layer on each page). Fewer
+    #: kernel launches where vLLM's engine core is CPU-bound; activations bounded by one such
+    #: page; bf16 rounding may then depend on the group. Not yet measured on a GPU
+    #: (worker/engines/vllm_vision.py; 16384 fits a 2048×1536 page)
+    vision_group_patches: int = Field(default=0, ge=0)
     #: vllm-server: one or more OpenAI-compatible endpoints
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     served_model: str | None = None

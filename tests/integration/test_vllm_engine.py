@@ -224,6 +224,68 @@ def test_batches_in_flight_together_match_each_image_alone(engine: Any) -> None:
         assert missing == 0 and d <= TOL, (d, missing)
 
 
+def test_the_vision_tower_on_groups_of_pages_gives_each_page_its_own_logprobs(
+        engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.vision_group_patches`` (opt-in): every layer runs once on a group of pages, the
+    attention told their boundaries. Each page's logprobs equal those of vLLM's page-by-page loop,
+    in a mixed batch and alone. The counters prove each path ran (an encoder output vLLM had
+    cached would skip the tower) and that pages really shared a group."""
+    from worker.engines import vllm_vision
+
+    reqs = requests_for(make_images(4))
+    monkeypatch.setenv(vllm_vision.ENV, "0")
+    plain = vllm_vision.stats["plain"]
+    looped = engine.topk_logprobs(reqs, K, STEPS)
+    alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs[:2]]
+    assert vllm_vision.stats["plain"] > plain
+    monkeypatch.setenv(vllm_vision.ENV, str(10**6))
+    grouped_before, vllm_vision.stats["largest_group"] = vllm_vision.stats["grouped"], 0
+    grouped = engine.topk_logprobs(reqs, K, STEPS)
+    assert vllm_vision.stats["grouped"] > grouped_before and vllm_vision.stats["largest_group"] > 1
+    for i, (a, b) in enumerate(zip(looped, grouped, strict=True)):
+        d, missing = compare(a, b)
+        assert missing == 0 and d <= TOL, (i, d, missing)
+    for i, a in enumerate(alone):
+        d, missing = compare(a, grouped[i])
+        assert missing == 0 and d <= TOL, (i, d, missing)
+
+
+def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tower itself, on three pages of different grids: grouped = vLLM's loop (fp32, 1e-5),
+    while the same grouping without the pages' boundaries (attention across pages: the bug this
+    path must not have) moves the outputs far past that, so the comparison can see a leak."""
+    import torch
+
+    from worker.engines import vllm_vision
+
+    grids = [[1, 4, 6], [1, 8, 8], [1, 2, 4]]
+
+    def tower_outputs(worker: Any) -> list[Any]:
+        tower = worker.model_runner.model.visual
+        e = tower.embeddings
+        x = torch.randn(sum(h * w for _, h, w in grids), e.num_channels * e.patch_size**2,
+                        generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            return [o.float().cpu() for o in tower(x, grids)]
+
+    def worst(a: list[Any], b: list[Any]) -> float:
+        return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+    monkeypatch.setenv(vllm_vision.ENV, "0")
+    looped = engine._llm.collective_rpc(tower_outputs)[0]
+    monkeypatch.setenv(vllm_vision.ENV, str(10**6))
+    vllm_vision.stats["largest_group"] = 0
+    grouped = engine._llm.collective_rpc(tower_outputs)[0]
+    assert vllm_vision.stats["largest_group"] == 3
+    original_block = vllm_vision._block
+    monkeypatch.setattr(vllm_vision, "_block", lambda layer, x, cu, longest: original_block(
+        layer, x, torch.tensor([0, x.size(1)], dtype=torch.int32), torch.tensor(x.size(1))))
+    leaking = engine._llm.collective_rpc(tower_outputs)[0]
+    print(f"\ngrouped vs loop {worst(grouped, looped):.2e}, without boundaries {worst(leaking, looped):.2e}")
+    assert worst(grouped, looped) <= 1e-5
+    assert worst(leaking, looped) > 1e-3
+
+
 def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) -> None:
     """``engine.scheduling: priority``: vLLM runs ``max_num_seqs`` (8) requests at a time, so 8 of 16
     bulk requests (priority 9) wait in its queue when 2 urgent ones (priority 0) arrive. The urgent

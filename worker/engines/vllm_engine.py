@@ -29,7 +29,7 @@ from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import ModelProfile
-from worker.engines import hunyuan
+from worker.engines import hunyuan, vllm_vision
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead
@@ -174,6 +174,8 @@ class VllmEngine:
             self.capacity_bytes = int(args["gpu_memory_utilization"] * total)
             if self.settings.cuda_alloc_conf:  # read by the engine core process vLLM starts
                 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", self.settings.cuda_alloc_conf)
+        # read per call by the plugin's tower forward, in this process and in vLLM's core
+        os.environ[vllm_vision.ENV] = str(self.settings.vision_group_patches)
         t0 = time.perf_counter()
         self._llm = LLM(**args)
         self.start_seconds = time.perf_counter() - t0

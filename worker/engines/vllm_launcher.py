@@ -24,6 +24,7 @@ from typing import IO
 import httpx
 
 from ocrq.settings import EngineSettings
+from worker.engines import vllm_vision
 from worker.engines.vllm_common import render_threads
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def launch_server(
     child_env = {**os.environ, **(env or {})}
     if settings is not None and settings.cuda_alloc_conf:
         child_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
+    if settings is not None:
+        child_env[vllm_vision.ENV] = str(settings.vision_group_patches)
     proc = subprocess.Popen(argv, env=child_env, stdout=log_file, stderr=stderr, start_new_session=True)
     if ready_timeout is not None:
         try:

@@ -17,6 +17,9 @@ cause. Bug reports with minimal repros: docs/gpu.md ("vLLM bugs and the plugin's
    and the process dies (SIGSEGV in ``pos_encoding.cpp``). The class's own ``forward_native``
    handles the four XD sections (CUDA has its own ``forward_cuda`` for them).
 
+3. ``vision_groups`` (not a bug fix: an opt-in path, ``worker/engines/vllm_vision.py``): the vision
+   tower on groups of pages when ``engine.vision_group_patches`` > 0; vLLM's own loop otherwise.
+
 ``OCRQ_VLLM_DISABLE_FIXES=name,name`` leaves fixes out in every vLLM process, and
 ``boundary_fix.enabled`` switches fix 1 off in-process: each fix's test runs once without it and
 shows the bug, so no fix outlives its reason unnoticed.
@@ -57,7 +60,8 @@ def register() -> None:
 
     version = str(vllm.__version__)
     disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
-    for name, fix in (("image_boundary", _image_boundary), ("xdrope_cpu", _xdrope_cpu)):
+    for name, fix in (("image_boundary", _image_boundary), ("xdrope_cpu", _xdrope_cpu),
+                      ("vision_groups", _vision_groups)):
         if name in applied:
             continue
         if name in disabled:
@@ -117,3 +121,9 @@ def _xdrope_cpu(version: str) -> bool:
 
     XDRotaryEmbedding.forward_cpu = XDRotaryEmbedding.forward_native  # type: ignore[method-assign,assignment]
     return True
+
+
+def _vision_groups(version: str) -> bool:
+    from worker.engines import vllm_vision
+
+    return vllm_vision.install(version)
