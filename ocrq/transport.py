@@ -150,6 +150,13 @@ class QoS(kredis.QoS):
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         score = self._scores.pop(tag, None)
+        if client is None and self._transport_gone():
+            # a requeue (Celery's Reject(requeue=True): our retry publish failed) on a channel
+            # closed under us by the lost connection: kombu would build a pool from nothing and
+            # the worker died ("Unrecoverable error", chaos `all`). The unacked record stays; no
+            # held set claims it once this QoS forgets it, so the dead-worker reaper restores it
+            log.warning("broker connection gone: %s stays unacked for the dead-worker reaper", tag)
+            return
 
         def restore_transaction(pipe: Any) -> None:
             if score is not None and pipe.zscore(self.unacked_index_key, tag) != score:

@@ -145,6 +145,32 @@ def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_
         assert redis_client.hlen(UNACKED) == 0 and redis_client.zcard("unacked_index") == 0
 
 
+def test_a_requeue_on_a_channel_closed_by_a_lost_connection_leaves_the_message_to_the_reaper(
+        redis_url, redis_client):
+    """Celery requeues a chunk whose retry could not be published (``Reject(requeue=True)``) while
+    Redis is down; by then the consumer may have closed the channel (``channel.connection`` is
+    None). Kombu's restore then built a connection pool from nothing: AttributeError, "Unrecoverable
+    error", the worker process died (chaos ``all``, ninth session). Now the reject returns, the
+    unacked record stays, and the reaper gives the message back once no worker claims it."""
+    app = make_celery(Settings(redis={"url": redis_url}))
+    _publish(app, {"n": 6})
+    with app.connection_for_write() as conn, app.connection_for_write() as other:
+        channel = conn.default_channel
+        msg = channel.basic_get(QUEUE)
+        assert msg is not None and redis_client.hlen(UNACKED) == 1
+        transport, pool = channel.connection, channel._pool
+        channel.connection, channel._pool = None, None  # what the lost connection's teardown leaves
+        try:
+            msg.reject(requeue=True)
+        finally:
+            channel.connection, channel._pool = transport, pool
+        assert redis_client.hlen(UNACKED) == 1 and _queued(redis_client) == 0
+        reaper = Reaper(redis_client, kombu_route(other.default_channel), dead_after=0, confirm=0)
+        reaper.sweep()
+        assert reaper.sweep() == [msg.delivery_tag]
+        assert _queued(redis_client) == 1 and redis_client.hlen(UNACKED) == 0
+
+
 def test_no_ack_consumers_leave_no_unacked_records(redis_url, redis_client):
     """Celery's reply queues (``inspect``, results over the broker) consume without acks: what
     they take must not be recorded, or it would sit in ``unacked`` for the reaper forever."""
