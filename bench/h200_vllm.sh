@@ -159,6 +159,7 @@ case $step in
     timeout 470 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
       --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1 &
     timeout 470 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
+      --ignore=tests/gpu/test_vllm_groups_gpu.py \
       --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
     wait
     for f in vllm-tier gpu-tests; do echo "== $f"; grep -E "passed|failed|^FAILED|^ERROR|Error:|assert " "$OUT/$f.log" | tail -12; done ;;
@@ -186,7 +187,9 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   groups)  # the opt-in grouped vision tower (worker/engines/vllm_vision.py) against session9's row
     # on the same machine: run session9 first, then this, back to back
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-groups worker --max-num-batched-tokens 65536 \
-      --vision-group-patches ${GROUP_PATCHES:-16384} ;;
+      --vision-group-patches ${GROUP_PATCHES:-16384}
+    timeout 230 python3 -m pytest tests/gpu/test_vllm_groups_gpu.py -m gpu -p no:cacheprovider -q -s \
+      --junitxml="$OUT/gpu-groups.xml" 2>&1 | grep -E "grouped|passed|failed|Error" | tail -8 ;;
   firstset)  # does idle memory go cold (vm_memory after 20 s idle)? then a worker's first and second job
     # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2

@@ -1,0 +1,55 @@
+"""The opt-in grouped vision tower (``engine.vision_group_patches``, worker/engines/vllm_vision.py)
+on the H200: full-size bf16 engine with CUDA graphs, its own build (~2 min), so ``bash
+bench/h200_vllm.sh all-tests`` leaves this file out and the ``groups`` step runs it. Not yet run.
+
+What it must show before the setting's default changes: a mixed batch runs full length, and bf16
+alone vs batch agrees at the first step as closely as vLLM's page-by-page tower does there
+(0.0000 on the H200, docs/gpu.md): a group's GEMMs may round differently than a page's alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ocrq.results import OcrOutput
+from ocrq.settings import EngineSettings
+from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture(scope="module")
+def grouped(full_checkpoint: Path) -> Any:
+    from worker.engines import vllm_vision
+    from worker.engines.vllm_engine import VllmEngine
+
+    eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
+                                    max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
+                                    vision_group_patches=16384, extra={"ignore_eos": True}))
+    eng.start()
+    assert vllm_vision.group_patches() == 16384  # what vLLM's core process inherited
+    print(f"\ngrouped-tower build {eng.start_seconds:.1f}s, KV {eng.kv_capacity_tokens} tokens")
+    yield eng
+    eng.close()
+
+
+def test_a_mixed_batch_runs_full_length_with_the_grouped_tower(grouped: Any) -> None:
+    outs = grouped.infer(_requests())
+    assert all(isinstance(o, OcrOutput) for o in outs), outs
+    assert [o.meta["generated_tokens"] for o in outs] == [32] * len(SIZES)
+
+
+def test_bf16_first_step_alone_vs_batch_with_the_grouped_tower(grouped: Any) -> None:
+    reqs = _requests(3)
+    alone = [grouped.topk_logprobs([r], 5, 1)[0] for r in reqs]
+    batched = grouped.topk_logprobs(reqs, 5, 1)
+    first = 0.0
+    for a, b in zip(alone, batched, strict=True):
+        da, db = dict(a[0]), dict(b[0])
+        first = max([first] + [abs(lp - db[t]) for t, lp in da.items() if t in db])
+    print(f"\ngrouped tower, bf16 first step alone vs batch: max |Δ top-5 logprob| {first:.4f}")
+    assert first < 0.02
