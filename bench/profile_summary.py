@@ -12,9 +12,10 @@ docs/bench/gpu-vllm.md tabulates; a sample goes to the first phase whose test ma
 from __future__ import annotations
 
 import argparse
+import gzip
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _FRAME = re.compile(r"(.*) \((.*?)(?::\d+)?\)$")
@@ -25,17 +26,22 @@ def _name(frame: str) -> str:
     return f"{m.group(1)} ({m.group(2).rsplit('/', 1)[-1]})" if m else frame
 
 
+def _samples(path: Path) -> Iterator[tuple[list[str], int]]:
+    """(raw frames, root first; samples) per line of a raw py-spy profile (gzipped if ``.gz``)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
+        if line.strip():
+            stack, _, n = line.rpartition(" ")
+            yield stack.split(";"), int(n)
+
+
 def summarize(path: Path) -> tuple[int, Counter[str], Counter[str]]:
     own: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        stack, _, n = line.rpartition(" ")
-        count = int(n)
+    for frames, count in _samples(path):
         total += count
-        names = [_name(f) for f in stack.split(";")]
+        names = [_name(f) for f in frames]
         own[names[-1]] += count
         for name in set(names):
             incl[name] += count
@@ -71,17 +77,12 @@ _PHASES: list[tuple[str, Callable[[set[str], str], bool]]] = [
 def engine_core_phases(path: Path) -> tuple[int, Counter[str]]:
     phases: Counter[str] = Counter()
     total = 0
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        stack, _, n = line.rpartition(" ")
-        frames = stack.split(";")
+    for frames, count in _samples(path):
         if frames[0].startswith("Thread._bootstrap"):
             continue  # vLLM's socket threads, tqdm's monitor: not the busy loop
         names = {_name(f).split(" (")[0] for f in frames}
-        leaf = frames[-1]
-        total += int(n)
-        phases[next(p for p, test in _PHASES if test(names, leaf))] += int(n)
+        total += count
+        phases[next(p for p, test in _PHASES if test(names, frames[-1]))] += count
     return total, phases
 
 

@@ -8,6 +8,7 @@ alone vs batch agrees at the first step as closely as vLLM's page-by-page tower 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ def grouped(full_checkpoint: Path) -> Any:
     from worker.engines import vllm_vision
     from worker.engines.vllm_engine import VllmEngine
 
+    # lets collective_rpc carry a function to vLLM's core process (the grouped-forward count below)
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
                                     vision_group_patches=16384, extra={"ignore_eos": True}))
@@ -37,10 +40,19 @@ def grouped(full_checkpoint: Path) -> Any:
     eng.close()
 
 
+def _grouped_forwards(worker: Any) -> int:
+    """In vLLM's core process: tower forwards that took the grouped path there."""
+    from worker.engines import vllm_vision
+
+    return vllm_vision.stats["grouped"]
+
+
 def test_a_mixed_batch_runs_full_length_with_the_grouped_tower(grouped: Any) -> None:
+    before = grouped._llm.collective_rpc(_grouped_forwards)[0]
     outs = grouped.infer(_requests())
     assert all(isinstance(o, OcrOutput) for o in outs), outs
     assert [o.meta["generated_tokens"] for o in outs] == [32] * len(SIZES)
+    assert grouped._llm.collective_rpc(_grouped_forwards)[0] > before  # the core ran the grouped tower
 
 
 def test_bf16_first_step_alone_vs_batch_with_the_grouped_tower(grouped: Any) -> None:

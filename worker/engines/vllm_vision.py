@@ -21,12 +21,10 @@ forward reads it per call (0 or unset: vLLM's own loop), so a test can switch it
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
-
-log = logging.getLogger("vllm.ocrq_plugin")
 
 ENV = "OCRQ_VLLM_VISION_GROUP_PATCHES"
 #: vLLM releases whose ``HunYuanVisionTransformer.forward`` this mirrors (the patch's math is theirs)
@@ -92,10 +90,7 @@ def _grouped(tower: Any, x: Any, grid_thw: list[list[int]], limit: int) -> list[
     stats["grouped"] += 1
     for group in groups(lengths, limit):
         sizes = [lengths[i] for i in group]
-        bounds = [0]
-        for n in sizes:
-            bounds.append(bounds[-1] + n)
-        cu = torch.tensor(bounds, dtype=torch.int32).to(tower.device, non_blocking=True)
+        cu = torch.tensor(list(accumulate(sizes, initial=0)), dtype=torch.int32).to(tower.device, non_blocking=True)
         longest = torch.tensor(max(sizes), dtype=torch.int32)  # host: FA's wrapper calls .item() on it
         h = torch.cat([parts[i] for i in group], dim=1) if len(group) > 1 else parts[group[0]]
         for layer in tower.layers:
