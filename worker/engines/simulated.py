@@ -48,7 +48,7 @@ class SimulatedEngine:
         max_pixels: int = MAX_PIXELS,
         padded: bool = False,
         noise: float = 0.0,
-        seed: int = 0,
+        seed: int | None = 0,
         transient_ooms: int = 0,
         oom_rate: float = 0.0,
         raw_oom: bool = False,
@@ -86,6 +86,8 @@ class SimulatedEngine:
         self.peaks: list[int] = []
         self._transient_left = transient_ooms
         self._crashes_left = crashes
+        # None: fresh OS entropy, so engine processes (a restarted worker too) don't all replay
+        # one fault sequence
         self._rng = random.Random(seed)
         self._peak: int | None = None
         self._kv_usage: float | None = None
