@@ -1,10 +1,15 @@
 """Fetching one image reference's bytes, with a byte cap and typed errors (used by workers).
 
 Local files are opened non-blocking and must be regular files inside the allowed roots (checked
-again here: the worker is the security boundary); S3 objects and HTTP(S) URLs are streamed and
-cut at ``limits.max_bytes``. Missing → MissingObject (a host name that does not exist →
-HostNotFound), refused → RefusedRef, too big → TooLarge, unreachable/5xx/throttled/DNS down →
-StorageUnavailable (retryable).
+again here: the worker is the security boundary). On Linux the check is made on the file actually
+opened: an ``O_PATH`` handle (no device opened, no FIFO waited on), its resolved path read from
+``/proc/self/fd``, then the same file reopened for reading. A symlink swapped between a check and
+an open cannot point the read outside the roots, and no ``realpath`` walk (an ``lstat`` per path
+component, in Python) is paid per image. Elsewhere: ``realpath``, check, then open.
+
+S3 objects and HTTP(S) URLs are streamed and cut at ``limits.max_bytes``. Missing →
+MissingObject (a host name that does not exist → HostNotFound), refused → RefusedRef, too big →
+TooLarge, unreachable/5xx/throttled/DNS down → StorageUnavailable (retryable).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from urllib.parse import urlsplit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import HostNotFound, MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
-from ocrq.refs import _CHUNK, Ref, parse
+from ocrq.refs import _CHUNK, Ref, confine, parse
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 
@@ -35,11 +40,17 @@ _NO_SUCH_HOST = frozenset(
 )
 
 
+#: where Linux shows what a descriptor resolves to (None: not available, realpath instead)
+_FD_DIR = "/proc/self/fd" if hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd") else None
+
+
 def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
     """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors."""
-    parsed = parse(ref, limits)
+    parsed = parse(ref, limits, resolve=_FD_DIR is None)
     if parsed.kind == "local":
-        return _fetch_local(parsed.value, limits.max_bytes)
+        if _FD_DIR is None:
+            return _fetch_local(parsed.value, limits.max_bytes)
+        return _fetch_confined(parsed.value, ref, limits)
     if parsed.kind == "s3":
         if parsed.is_prefix:
             raise RefusedRef(f"not a single object: {ref}")
@@ -63,25 +74,49 @@ def _read_capped(read: Callable[[int], bytes], cap: int, ref: str,
     return b"".join(parts)
 
 
-def _fetch_local(path: str | Path, cap: int) -> bytes:
+def _fetch_confined(path: str, ref: str, limits: LimitSettings) -> bytes:
+    """A local file confined on its descriptor (Linux): see the module docstring."""
     try:
+        handle = os.open(path, os.O_PATH)
+    except OSError as exc:
+        # refused exactly as before when outside the roots (realpath: a loop, or an absent file
+        # out there, is refused, not reported missing); otherwise the open's own error
+        parse(ref, limits)
+        return _fetch_local(path, limits.max_bytes, error=exc)
+    try:
+        fd_path = f"{_FD_DIR}/{handle}"
+        confine(os.readlink(fd_path), ref, limits)
+        if not stat.S_ISREG(os.fstat(handle).st_mode):  # before a device inside the roots is opened
+            raise RefusedRef(f"not a regular file: {path}")
+        return _fetch_local(fd_path, limits.max_bytes, name=path)
+    finally:
+        os.close(handle)
+
+
+def _fetch_local(path: str | Path, cap: int, name: str | Path | None = None,
+                 error: OSError | None = None) -> bytes:
+    """``path``'s bytes (``name``: the path errors show; ``error``: an open that already failed)."""
+    name = path if name is None else name
+    try:
+        if error is not None:
+            raise error
         # O_NONBLOCK: opening a FIFO must not hang a fetch thread (no effect on regular files)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:  # os.read on the descriptor: no buffered file object per image
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise RefusedRef(f"not a regular file: {path}")
+                raise RefusedRef(f"not a regular file: {name}")
             if info.st_size > cap:
-                raise TooLarge(f"{info.st_size} bytes > {cap}: {path}")
-            return _read_capped(lambda n: os.read(fd, n), cap, str(path))
+                raise TooLarge(f"{info.st_size} bytes > {cap}: {name}")
+            return _read_capped(lambda n: os.read(fd, n), cap, str(name))
         finally:
             os.close(fd)
     except (FileNotFoundError, NotADirectoryError) as exc:
-        raise MissingObject(f"no such file: {path}") from exc
+        raise MissingObject(f"no such file: {name}") from exc
     except (PermissionError, IsADirectoryError) as exc:
-        raise RefusedRef(f"cannot read {path}: {exc.strerror}") from exc
+        raise RefusedRef(f"cannot read {name}: {exc.strerror}") from exc
     except OSError as exc:
-        raise StorageUnavailable(f"cannot read {path}: {exc}") from exc
+        raise StorageUnavailable(f"cannot read {name}: {exc}") from exc
 
 
 def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:

@@ -27,7 +27,7 @@ any refused entry before publishing anything (``ocrq.intake``). A container that
 at all (missing manifest or bucket, S3 down) raises its typed error instead.
 
 Confinement is enforced again by ``fetch`` (the worker is the boundary: anyone who can write to
-the broker can submit any string).
+the broker can submit any string), on Linux on the opened file itself.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ BAD_REF_PREFIX = "invalid:"
 MAX_REF_CHARS = 8192
 #: a manifest may list manifests this deep (also stops a manifest that lists itself)
 MAX_MANIFEST_DEPTH = 3
+#: resolved directories one expansion keeps (``_resolve``)
+_MAX_DIRS = 10_000
 _CHUNK = 1 << 16
 # Two or more characters so a Windows drive letter is not a scheme; a relative local name with a
 # colon needs "./" (as in RFC 3986).
@@ -91,11 +94,15 @@ def _suffix(name: str) -> str:
     return name[dot:].lower() if dot > 0 and "/" not in name[dot:] else ""
 
 
-def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Ref:
+def parse(ref: str, limits: LimitSettings, base: Path | str | None = None, *, resolve: bool = True,
+          dirs: dict[str, str] | None = None) -> Ref:
     """Parse and confine one reference, or raise ``RefusedRef``.
 
     ``base`` is where a relative entry resolves: a local directory, or ``s3://bucket/dir/`` for
-    entries of a manifest stored on S3 (default: the current directory).
+    entries of a manifest stored on S3 (default: the current directory). ``resolve=False``: a
+    local ref is only made absolute, neither resolved nor confined; the caller confines the file
+    it opens (``ocrq.fetch`` does, on the descriptor). ``dirs``: resolved directories to reuse
+    (one expansion's: ``_resolve``).
     """
     text = ref  # callers strip user input; file names may legitimately end in spaces
     if len(text) > MAX_REF_CHARS:
@@ -108,7 +115,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
         if isinstance(base, str) and not text.startswith("/"):
             bucket, _, prefix = base[len("s3://"):].partition("/")
             return parse(f"s3://{bucket}/{prefix}{text}", limits)
-        return _local(text, text, limits, base)
+        return _local(text, text, limits, base, resolve, dirs)
     scheme = match.group(1).lower()
     if text.startswith(BAD_REF_PREFIX):
         raise RefusedRef(text[len(BAD_REF_PREFIX):])
@@ -118,7 +125,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None) -> Re
         parts = urlsplit(text)
         if parts.netloc not in ("", "localhost") or not parts.path:
             raise RefusedRef(f"malformed file reference: {text}")
-        return _local(unquote(parts.path), text, limits, base)
+        return _local(unquote(parts.path), text, limits, base, resolve, dirs)
     if scheme == "s3":
         return _s3(text, limits)
     if scheme in ("http", "https"):
@@ -158,28 +165,65 @@ def _root_prefixes(roots: tuple[Path, ...], cwd: str) -> tuple[tuple[str, str], 
     return tuple((str(r), str(r).rstrip("/") + "/") for r in _resolved_roots(roots, cwd))
 
 
+def confine(resolved: str, raw: str, limits: LimitSettings) -> None:
+    """``RefusedRef`` unless the resolved path ``resolved`` (of reference ``raw``) lies in one of
+    the allowed roots."""
+    _confine(resolved, raw, _root_prefixes(tuple(limits.allowed_roots), os.getcwd()))
+
+
 def effective_roots(limits: LimitSettings) -> tuple[Path, ...]:
     """The resolved roots local refs must lie in (the current directory when none is set)."""
     return _resolved_roots(tuple(limits.allowed_roots), os.getcwd())
 
 
-def _local(path: str, raw: str, limits: LimitSettings, base: Path | str | None) -> Ref:
+def _local(path: str, raw: str, limits: LimitSettings, base: Path | str | None, resolve: bool = True,
+           dirs: dict[str, str] | None = None) -> Ref:
     # strings and os.path, not pathlib: a reference is parsed by the producer and again by the
     # worker, and pathlib's objects cost 5x the realpath itself (docs/bench/overhead.md)
     cwd = os.getcwd()
     text = path
     if not os.path.isabs(text):
         text = os.path.join(os.fspath(base) if isinstance(base, Path) else cwd, text)
+    if not resolve:
+        return Ref("local", text)
     try:
-        resolved = os.path.realpath(text)  # follows symlinks and '..' before the roots are checked
-        _check_loop(resolved)
+        resolved = _resolve(text, dirs)  # follows symlinks and '..' before the roots are checked
         roots = _root_prefixes(tuple(limits.allowed_roots), cwd)
     except (OSError, RuntimeError) as exc:  # symlink loops
         raise RefusedRef(f"unresolvable path: {raw}") from exc
+    _confine(resolved, raw, roots)
+    return Ref("local", resolved)
+
+
+def _confine(resolved: str, raw: str, roots: tuple[tuple[str, str], ...]) -> None:
     if not any(resolved == root or resolved.startswith(prefix) for root, prefix in roots):
         listed = ", ".join(root for root, _ in roots)
         raise RefusedRef(f"outside allowed roots ({listed}): {raw}")
-    return Ref("local", resolved)
+
+
+def _resolve(text: str, dirs: dict[str, str] | None) -> str:
+    """``realpath`` with a symlink loop raising. With ``dirs`` (the directories one expansion has
+    resolved), a file that is not itself a symlink costs one ``lstat``: its resolved path is its
+    resolved directory's plus its name (realpath walks every component, an ``lstat`` each, in
+    Python: the producer's largest cost per listed file, docs/bench/overhead.md). The worker
+    confines what it opens on its own, so one submit reusing what it resolved moments ago changes
+    no decision."""
+    if dirs is not None:
+        head, tail = os.path.split(text)
+        try:
+            plain = tail not in ("", ".", "..") and not stat.S_ISLNK(os.lstat(text).st_mode)
+        except OSError:
+            plain = False  # absent or unreadable: the full walk says how
+        if plain:
+            if (directory := dirs.get(head)) is None:
+                if len(dirs) >= _MAX_DIRS:
+                    dirs.clear()
+                directory = dirs[head] = os.path.realpath(head)
+                _check_loop(directory)
+            return os.path.join(directory, tail)
+    resolved = os.path.realpath(text)
+    _check_loop(resolved)
+    return resolved
 
 
 def _check_loop(resolved: str) -> None:
@@ -223,9 +267,10 @@ def expand_entries(inputs: Iterable[str], limits: LimitSettings,
                    s3_client: Any | None = None) -> Iterator[Entry]:
     """Lazily expand references, directories, S3 prefixes and manifests; every file found is an
     ``Entry`` (never silently dropped)."""
+    dirs: dict[str, str] = {}
     for raw in inputs:
         if raw.strip():
-            yield from _expand(raw.strip(), limits, s3_client, None, 0, None)
+            yield from _expand(raw.strip(), limits, s3_client, None, 0, None, dirs)
 
 
 def expand(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None) -> Iterator[str]:
@@ -246,9 +291,9 @@ def _refused(raw: str, reason: str) -> Entry:
 
 
 def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | None,
-            depth: int, row: dict[str, Any] | None) -> Iterator[Entry]:
+            depth: int, row: dict[str, Any] | None, dirs: dict[str, str]) -> Iterator[Entry]:
     try:
-        ref = parse(raw, limits, base)
+        ref = parse(raw, limits, base, dirs=dirs)
     except RefusedRef as exc:
         yield _refused(raw, str(exc))
         return
@@ -284,14 +329,18 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
         elif extra and len(json.dumps(extra, default=str)) > MAX_ROW_BYTES:
             yield _refused(where, f"extra columns over {MAX_ROW_BYTES} bytes on {where}")
         else:
-            yield from _expand(entry, limits, s3, here, depth + 1, extra or row)
+            yield from _expand(entry, limits, s3, here, depth + 1, extra or row, dirs)
 
 
 def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Iterator[Entry]:
+    """``top`` is resolved and confined; so is every directory pushed (its resolved path rides
+    along), so an entry that is not a symlink is its directory's resolved path plus its name
+    (no realpath walk per file), and only symlinks are parsed and confined again."""
     seen = {str(top)}
-    stack: list[Iterator[os.DirEntry[str] | Entry]] = [_entries(top)]
+    stack: list[tuple[Iterator[os.DirEntry[str] | Entry], str]] = [(_entries(top), str(top))]
     while stack:
-        entry = next(stack[-1], None)
+        listing, resolved_dir = stack[-1]
+        entry = next(listing, None)
         if entry is None:
             stack.pop()
             continue
@@ -308,17 +357,20 @@ def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Itera
         if not is_dir and _suffix(entry.name) in MANIFEST_EXTENSIONS:
             yield Entry("skipped", entry.path, "a manifest inside a folder (pass it by name to expand it)")
             continue
-        try:
-            ref = parse(entry.path, limits)
-        except RefusedRef as exc:  # a symlink out of the roots
-            yield _refused(entry.path, str(exc))
-            continue
-        if is_dir:
-            if ref.value not in seen:  # symlink loops and aliases are entered once
-                seen.add(ref.value)
-                stack.append(_entries(Path(entry.path)))
+        if entry.is_symlink():
+            try:
+                value = parse(entry.path, limits).value
+            except RefusedRef as exc:  # a symlink out of the roots
+                yield _refused(entry.path, str(exc))
+                continue
         else:
-            yield Entry("ref", ref.value, row=row)
+            value = os.path.join(resolved_dir, entry.name)
+        if is_dir:
+            if value not in seen:  # symlink loops and aliases are entered once
+                seen.add(value)
+                stack.append((_entries(Path(entry.path)), value))
+        else:
+            yield Entry("ref", value, row=row)
 
 
 def _entries(directory: Path) -> Iterator[os.DirEntry[str] | Entry]:

@@ -28,6 +28,18 @@ def limits(root: Path) -> LimitSettings:
     return LimitSettings(allowed_roots=[root], max_bytes=1000)
 
 
+@pytest.fixture(params=["descriptor", "realpath"])
+def confinement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Local fetch both ways: confined on the opened descriptor (Linux) and by realpath first."""
+    import ocrq.fetch
+
+    if request.param == "realpath":
+        monkeypatch.setattr(ocrq.fetch, "_FD_DIR", None)
+    elif ocrq.fetch._FD_DIR is None:
+        pytest.skip("no O_PATH or /proc/self/fd here")
+    return str(request.param)
+
+
 def touch(path: Path, data: bytes = b"x") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -65,7 +77,7 @@ def test_refused_local_refs(ref: str, root: Path, limits: LimitSettings,
         parse(ref, limits)
 
 
-def test_symlink_escape_is_refused(root: Path, limits: LimitSettings) -> None:
+def test_symlink_escape_is_refused(root: Path, limits: LimitSettings, confinement: str) -> None:
     outside = touch(root.parent / "secret.png", b"secret")
     (root / "link.png").symlink_to(outside)
     (root / "linkdir").symlink_to(root.parent)
@@ -273,7 +285,7 @@ def test_s3_containers_need_a_client(limits: LimitSettings) -> None:
 
 # --- local fetch -------------------------------------------------------------------------------
 
-def test_fetch_local(root: Path, limits: LimitSettings) -> None:
+def test_fetch_local(root: Path, limits: LimitSettings, confinement: str) -> None:
     path = touch(root / "a.png", b"\x89PNG data")
     assert fetch(str(path), limits) == b"\x89PNG data"
     assert fetch(f"file://{path}", limits) == b"\x89PNG data"
@@ -292,7 +304,7 @@ def test_fetch_local(root: Path, limits: LimitSettings) -> None:
         fetch("s3://bucket/prefix/", limits)
 
 
-def test_fetch_fifo_refused_without_blocking(root: Path, limits: LimitSettings) -> None:
+def test_fetch_fifo_refused_without_blocking(root: Path, limits: LimitSettings, confinement: str) -> None:
     os.mkfifo(root / "pipe.png")
     with pytest.raises(RefusedRef, match="not a regular file"):
         fetch(str(root / "pipe.png"), limits)
@@ -304,3 +316,71 @@ def test_s3_bucket_allowlist() -> None:
     with pytest.raises(RefusedRef, match="not in limits.s3_buckets"):
         parse("s3://payroll/a.png", only)
     assert parse("s3://payroll/a.png", LimitSettings()).key == "a.png"
+
+
+def test_a_directory_swapped_for_a_symlink_after_the_check_cannot_point_the_read_outside(
+        root: Path, limits: LimitSettings, confinement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the race a realpath-then-open check leaves: someone who can write in a root swaps a
+    # directory for a symlink between the check and the open. Confined on the descriptor of the
+    # file actually opened, the read is refused.
+    touch(root.parent / "outside" / "a.png", b"secret")
+    path = touch(root / "sub" / "a.png", b"inside")
+    real_open = os.open
+
+    def swapping_open(target: object, *args: object, **kwargs: object) -> int:
+        if os.fspath(target) == str(path) and not (root / "sub").is_symlink():  # type: ignore[arg-type]
+            (root / "sub").rename(root / "moved")
+            (root / "sub").symlink_to(root.parent / "outside")
+        return real_open(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", swapping_open)
+    if confinement == "realpath":  # the race is real on the fallback path: the secret is read
+        assert fetch(str(path), limits) == b"secret"
+    else:
+        with pytest.raises(RefusedRef, match="outside allowed roots"):
+            fetch(str(path), limits)
+
+
+def test_descriptor_confinement_walks_no_realpath(root: Path, limits: LimitSettings, confinement: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if confinement == "realpath":
+        pytest.skip("the fallback is the realpath walk")
+    path = touch(root / "sub" / "a.png", b"data")
+    real = os.path.realpath
+
+    def no_realpath(target: str, **kwargs: object) -> str:
+        assert "a.png" not in os.fspath(target), "realpath walked for the image"
+        return real(target, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os.path, "realpath", no_realpath)
+    assert fetch(str(path), limits) == b"data"
+    (root / "dev.png").symlink_to("/dev/null")  # resolved on the handle: refused, never opened
+    with pytest.raises(RefusedRef, match="outside allowed roots"):
+        fetch(str(root / "dev.png"), limits)
+
+
+def test_an_expansion_reuses_resolved_directories_with_the_full_walks_answers(
+        root: Path, limits: LimitSettings) -> None:
+    # one expand call resolves each directory once (refs._resolve); every answer must equal the
+    # realpath walk of that reference alone
+    touch(root / "real" / "a.png")
+    touch(root / "real" / "b.png")
+    (root / "linkdir").symlink_to(root / "real")
+    (root / "real" / "alias.png").symlink_to(root / "real" / "a.png")
+    (root / "real" / "out.png").symlink_to(touch(root.parent / "o.png"))
+    (root / "loop").symlink_to(root / "loop")
+    (root / "escape").symlink_to(root.parent)
+    raws = [str(root / p) for p in ("real/a.png", "linkdir/b.png", "real/alias.png", "real/out.png",
+                                     "real/missing.png", "linkdir/../real/b.png", "loop/x.png",
+                                     "escape/o.png", "linkdir/a.png")]
+
+    def alone(raw: str) -> str:
+        try:
+            return canonical(raw, limits)
+        except RefusedRef:
+            return "refused"
+
+    got = ["refused" if r.startswith(BAD_REF_PREFIX) else r for r in expand(raws + raws, limits)]
+    assert got == [alone(r) for r in raws + raws]
+    assert got[:3] == [str(root / "real" / "a.png"), str(root / "real" / "b.png"), str(root / "real" / "a.png")]
+    assert got[3] == "refused" and got[6] == "refused" and got[7] == "refused"
