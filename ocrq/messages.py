@@ -31,9 +31,13 @@ class Item(BaseModel):
     row: dict[str, Any] | None = None
 
 
+#: the OCR tasks (HunyuanOCR's prompts, worker.engines.hunyuan); producers refuse any other
+TASKS = ("text", "parse", "spotting", "extract", "translate")
+
+
 class Chunk(BaseModel):
     job: str
-    #: "text" | "parse" | "spotting" | "extract" | "translate"
+    #: one of ``TASKS`` (a str, not a Literal: a worker must record a bad one per image, typed)
     task: str = "text"
     params: dict[str, Any] = Field(default_factory=dict)
     items: list[Item]

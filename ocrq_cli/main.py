@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ocrq.errors import OcrqError
+from ocrq.messages import TASKS
 from ocrq.settings import Settings, load_settings
 from ocrq_cli.failed import failed_app
 
@@ -36,7 +37,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-que
 model_app = typer.Typer(no_args_is_help=True, help="Model checkpoints.")
 app.add_typer(model_app, name="model")
 app.add_typer(failed_app, name="failed")
-console = Console(stderr=True)
+# soft_wrap: a long path or URL stays on one line (copied whole), not broken at 80 columns
+console = Console(stderr=True, soft_wrap=True)
 
 
 @app.callback()
@@ -69,7 +71,7 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
     import socket
 
     from ocrq.gpus import list_gpus, plan_gpu_workers, select_gpus
-    from ocrq.stack import Stack
+    from ocrq.stack import Stack, StackConflict
 
     settings = _settings()
     workers = None
@@ -79,7 +81,15 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
         except ValueError as exc:
             console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(code=2) from exc
-    for name, what in Stack(settings, allow=allow).up(wait=wait, workers=workers).items():
+    try:
+        status = Stack(settings, allow=allow).up(wait=wait, workers=workers)
+    except StackConflict as exc:
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(code=2) from exc
+    except RuntimeError as exc:  # a service that did not start: its log says why
+        console.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(code=1) from exc
+    for name, what in status.items():
         console.print(f"[green]{name:7}[/] {what}", highlight=False)
 
 
@@ -92,23 +102,35 @@ def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) 
     settings = _settings()
     auth, where = Stack(settings).flower_auth()
     console.print(f"flower on port {settings.flower_port}, basic auth from {where}")
-    argv = flower_argv(settings, auth, address=address)
-    os.execv(argv[0], argv)
+    argv, env = flower_argv(settings, auth, address=address)
+    os.execve(argv[0], argv, {**os.environ, **env})
 
 
 @app.command()
 def down() -> None:
-    """Stop what `ocrq up` started."""
+    """Stop what `ocrq up` started (here: the stack whose state is under ./var/)."""
     from ocrq.stack import Stack
 
-    for name, what in Stack(_settings()).down().items():
+    stack = Stack(_settings())
+    stopped = stack.down()
+    for name, what in stopped.items():
         console.print(f"{name:7} {what}")
+    if all(what == "not running" for what in stopped.values()):
+        others = stack.others()
+        if others:  # the user is in the wrong directory: say where the running stack is
+            console.print(f"[red]nothing was started from {stack.var}; the stack on "
+                          f"{stack.settings.redis.url} runs from {', '.join(others)}: run `ocrq down` "
+                          f"in {', '.join(str(Path(o).parent) for o in others)}[/]")
+            raise typer.Exit(code=1)
+        console.print(f"no stack was running from {stack.var}")
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for pair in pairs:
-        key, _, value = pair.partition("=")
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise typer.BadParameter(f"{pair!r}: expected key=value", param_hint="--param")
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -120,7 +142,7 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 def submit(
     refs: list[str] = typer.Argument(..., help="paths, dirs, s3://bucket/key or prefix/, URLs, .jsonl/.csv manifests"),
     job: str = typer.Option(..., "--job", "-j"),
-    task: str = typer.Option("text", help="text | parse | spotting | extract | translate"),
+    task: str = typer.Option("text", help=" | ".join(TASKS)),
     param: list[str] = typer.Option([], "--param", "-p", help="task parameter key=value (JSON values)"),
     priority: int | None = typer.Option(None, min=0, max=9),
     wait: bool = typer.Option(False, "--wait", help="wait for every image to finish"),
@@ -133,6 +155,9 @@ def submit(
 
     Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
     published), 3 (with --wait) some images failed, 4 (with --wait) timed out."""
+    params = _parse_params(param)
+    if task not in TASKS:  # before any file is listed
+        raise typer.BadParameter(f"unknown task {task!r}: one of {', '.join(TASKS)}", param_hint="--task")
     settings = _settings()
     client = _client(settings)
     t0 = time.monotonic()
@@ -146,19 +171,27 @@ def submit(
         plan.close()
         console.print(f"[red]submission refused[/]: nothing published for job {escape(job)}")
         raise typer.Exit(code=2)
+    if not plan.accepted:
+        console.print(f"[yellow]no images in {escape(' '.join(refs))}[/]: job {escape(job)} has nothing to run")
     try:
-        handle = client.submit(plan, job=job, task=task, params=_parse_params(param), priority=priority,
+        handle = client.submit(plan, job=job, task=task, params=params, priority=priority,
                                parquet=parquet)
     except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
-    console.print(f"job [bold]{job}[/]: {handle.published} images published in {time.monotonic() - t0:.2f}s")
+    console.print(f"job [bold]{job}[/]: {_images(handle.published)} published in {time.monotonic() - t0:.2f}s"
+                  + ("" if handle.published else " (every accepted image already finished in this job)"))
     if not (wait or out or show):
         return
     try:
         counts = _wait(handle, timeout)
     except TimeoutError as exc:
-        console.print(f"[yellow]timed out[/]: {escape(str(exc))}")
+        counts = handle.status()
+        final = counts["done"] + counts["failed"]
+        console.print(f"[yellow]timed out[/] after {timeout:g}s: {final} of {_images(counts['total'])} final in job "
+                      f"{escape(job)} (queued {counts['queued']}, running {counts['running']}, retrying "
+                      f"{counts['retrying']}). The job goes on: `ocrq status {job}` follows it, "
+                      f"`ocrq export {job} --wait` waits for its export")
         raise typer.Exit(code=4) from exc
     elapsed = time.monotonic() - t0
     if out is not None:
@@ -166,9 +199,30 @@ def submit(
         console.print(f"wrote {n} lines to {out}")
     if show:
         _show(handle)
-    _print_counts(job, counts, elapsed)
+    _print_counts(job, counts, elapsed, published=handle.published)
     if counts["failed"]:
+        _print_failed(client, job, counts["failed"])
         raise typer.Exit(code=3)
+
+
+def _images(n: int) -> str:
+    return f"{n} image" + ("" if n == 1 else "s")
+
+
+def _print_failed(client: Any, job: str, failed: int, shown: int = 10) -> None:
+    """Which images failed and why (the first ``shown``), and where the rest are."""
+    from ocrq.failed import from_redis
+
+    for n, entry in enumerate(from_redis(client.index, job)):
+        if n == shown:
+            break
+        rec = entry.record
+        error = rec.error
+        why = f"{error.type}: {error.message}" if error else "failed"
+        console.print(f"  [red]failed[/] {escape(rec.ref)}: {escape(why[:300])}")
+    more = f" (first {shown} above)" if failed > shown else ""
+    console.print(f"  [bold]hint[/]: `ocrq failed --job {job}` lists the {_images(failed)} that failed{more};"
+                  f" `ocrq reprocess --job {job}` runs them again once fixed")
 
 
 def _print_plan(job: str, plan: Any, shown: int = 20) -> None:
@@ -221,17 +275,16 @@ def _show(handle: Any) -> None:
             console.print(f"  {line}", markup=False, highlight=False)
 
 
-def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None) -> None:
+def _print_counts(job: str, counts: dict[str, int], elapsed: float | None = None, published: int = 0) -> None:
     table = Table(title=f"job {job}")
     cols = ("total", "done", "cached", "failed", "queued", "running", "retrying")
     for col in cols:
         table.add_column(col, justify="right")
     table.add_row(*(str(counts.get(c, 0)) for c in cols))
     console.print(table)
-    if elapsed:
-        finished = counts["done"] + counts["failed"]
-        console.print(f"{finished} images in {elapsed:.1f}s = {finished / elapsed:.2f} img/s, "
-                      f"{counts['cached']} cache hits")
+    if elapsed and published:  # this run's images: a re-submit's earlier ones are not its work
+        console.print(f"{_images(published)} in {elapsed:.1f}s = {published / elapsed:.2f} img/s, "
+                      f"{counts['cached']} cache hits in the job")
 
 
 def _job(client: Any, job: str) -> Any:
@@ -315,7 +368,13 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
     client = _client(_settings())
     n = client.reprocess_failed(job, error=error, dry_run=dry_run)
     if dry_run:
-        console.print(f"would re-publish {n} failed images (dry run)")
+        from ocrq.failed import from_redis
+
+        for entry in from_redis(client.index, job, error):
+            rec = entry.record
+            why = f"{rec.error.type}: {rec.error.message}" if rec.error else "failed"
+            print(f"{rec.job}\t{rec.id}\t{rec.ref}\t{why[:200]}")
+        console.print(f"would re-publish {_images(n)} that failed (dry run: nothing published)")
         return
     console.print(f"re-published {n} failed images")
     if wait and job:

@@ -31,7 +31,16 @@ from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
 from ocrq.intake import IntakePlan, plan_intake
 from ocrq.jobs import JobIndex
-from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, message_bytes
+from ocrq.messages import (
+    FINISH_JOB_TASK,
+    OCR_CHUNK_TASK,
+    TASKS,
+    Chunk,
+    Item,
+    checked_message,
+    chunk_argsrepr,
+    message_bytes,
+)
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text, redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
@@ -117,6 +126,8 @@ class Client:
         completion also has a Parquet file (ocrq.export)."""
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
         params = params or {}
         params_size = message_bytes(params)
         if params_size > self.settings.queue.max_message_bytes // 4:

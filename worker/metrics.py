@@ -19,14 +19,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ocrq.errors import Permanent, Retryable
+from ocrq.messages import TASKS
 from ocrq.metrics import queue_depth_family
 from ocrq.results import ImageRecord, ImageStatus
 from worker.nvml import MemoryProbe
 
 log = logging.getLogger("ocrq.worker.metrics")
 
-#: the tasks an engine knows (ocrq.messages.Chunk.task)
-TASKS = ("text", "parse", "spotting", "extract", "translate")
 _BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -142,6 +143,10 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 # producers check local refs against these before publishing (ocrq.intake)
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
                 st["store"] = ctx.store.location  # and read results from where workers write them
+                # whose this worker is: `ocrq up` elsewhere refuses a second worker of this name
+                # on this Redis, `ocrq down` elsewhere points at this stack (ocrq.stack)
+                st["process"] = {"host": socket.gethostname(), "pid": os.getpid(),
+                                 "var_dir": str(ctx.settings.var_dir.resolve())}
                 key = keys.worker_state(self.hostname)
                 ctx.redis.set(key, json.dumps(st, default=str), ex=60)
                 ctx.save_governor()

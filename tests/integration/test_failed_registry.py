@@ -84,7 +84,11 @@ def test_failed_filters_show_store_mirror_purge_and_reprocess(redis_url, redis_c
     assert counts["failed"] == 2
     stop_group(worker, 30)  # nothing consumes "side" now: the re-published message stays visible
     dry = _cli(env, "reprocess", "--job", "reg", "--error", "BadImage", "--dry-run")
-    assert dry.returncode == 0 and "would re-publish 1" in dry.stderr
+    assert dry.returncode == 0 and "would re-publish 1 image" in dry.stderr, dry.stderr
+    # the dry run lists what it would re-publish: job, id, ref, why (one tab-separated line each)
+    (listed,) = dry.stdout.splitlines()
+    dry_job, _, dry_ref, why = listed.split("\t")
+    assert dry_job == "reg" and Path(dry_ref).name == "broken.png" and why.startswith("BadImage: ")
     assert queue_depth(redis_client, "side") == 0
     done = _cli(env, "reprocess", "--job", "reg", "--error", "BadImage")
     assert done.returncode == 0 and "re-published 1" in done.stderr, done.stderr

@@ -91,6 +91,26 @@ def test_a_folder_of_odd_files_is_all_accounted_for(redis_url, start_worker, tmp
     status = ocrq(["status", "odd"], env, elsewhere)
     counts = json.loads(status.stdout)
     assert counts["total"] == accepted and counts["skipped"] == 2 and counts["failed"] == 2
+    # and --wait names what failed, and why, and where to go from there
+    assert f"failed {src / 'notes.txt'}: BadImage" in run.stderr, run.stderr
+    assert f"failed {src / 'empty.png'}: BadImage" in run.stderr
+    assert "`ocrq failed --job odd` lists the 2 images that failed" in run.stderr
+
+    # When the same folder is submitted again: nothing to publish, said so, and no made-up rate
+    again = ocrq(["submit", str(src), "--job", "odd", "--wait"], env, elsewhere)
+    assert "0 images published" in again.stderr and "already finished" in again.stderr, again.stderr
+    assert "img/s" not in again.stderr
+    # A task the engines do not know, or a parameter without a value, is refused before anything
+    for bad in (["--task", "bogus"], ["--param", "foo"]):
+        refused = ocrq(["submit", str(src / "a.png"), "--job", "odd2", *bad], env, elsewhere)
+        assert refused.returncode == 2, refused.stderr
+        assert "unknown task 'bogus'" in refused.stderr or "expected key=value" in refused.stderr, refused.stderr
+    # A wait that times out (no worker on this queue) says how far the job got and how to follow it
+    stuck = ocrq(["submit", str(src / "a.png"), "--job", "stuck", "--wait", "--timeout", "1"],
+                 {**env, "OCRQ_QUEUE__NAME": "nobody-listens"}, elsewhere)
+    assert stuck.returncode == 4, stuck.stderr
+    assert "timed out after 1s: 0 of 1 image final in job stuck (queued 1" in stuck.stderr, stuck.stderr
+    assert "`ocrq status stuck` follows it" in stuck.stderr
 
 
 def test_a_three_page_pdf_gives_three_page_outputs_and_pages_hit_the_cache(redis_url, start_worker, tmp_path):

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from ocrq.messages import TASKS
 from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import hunyuan_vision_tokens
 from worker.engines.base import ImageCost, OcrRequest
 
 Version = Literal["1.0", "1.5"]
-TASKS = ("text", "parse", "spotting", "extract", "translate")
 
 # 1.0 prompts are the model card's; 1.5 keeps them except plain reading ("提取图中的文字。") and
 # spotting, which 1.5 answers as JSON boxes. The 1.5 spotting wording is ours (not verified
