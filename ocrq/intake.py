@@ -42,6 +42,8 @@ from ocrq.settings import LimitSettings
 
 #: skipped/refused entries kept for display (all are counted)
 SAMPLE = 200
+#: accepted refs named otherwise (symlinks, relative paths) remembered to name a later duplicate
+_NAMED = 10_000
 ROOTS_HINT = ("allow the directory with OCRQ_LIMITS__ALLOWED_ROOTS='{roots}' for the producer and the "
               "workers (limits.allowed_roots), or restart the embedded stack with `ocrq down; ocrq up --allow {dir}`")
 
@@ -57,6 +59,9 @@ class IntakePlan:
     duplicates: int = 0
     skipped_sample: list[Entry] = field(default_factory=list)
     refused_sample: list[Entry] = field(default_factory=list)
+    #: duplicates as named (a symlink to a file also listed, a file named twice), with the ref
+    #: they were merged into as the reason
+    merged_sample: list[Entry] = field(default_factory=list)
     _spool: IO[str] | None = None
 
     def summary(self) -> str:
@@ -95,6 +100,7 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
                 worker_roots: Sequence[Path] | None = None) -> IntakePlan:
     plan = IntakePlan(_spool=tempfile.TemporaryFile("w+", encoding="utf-8"))  # noqa: SIM115 - owned by the plan
     seen: set[bytes] = set()
+    named: dict[bytes, str] = {}
     hosts: dict[tuple[str, int], str | None] = {}
     roots = [Path(r) for r in worker_roots or ()]
     try:
@@ -116,8 +122,14 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
                 digest = hashlib.sha256(line.encode()).digest()[:16]
                 if digest in seen:
                     plan.duplicates += 1
+                    if len(plan.merged_sample) < SAMPLE:
+                        first = named.get(digest, entry.value)
+                        plan.merged_sample.append(Entry("skipped", entry.source or entry.value,
+                                                        f"the same file as {first}, submitted once"))
                     continue
                 seen.add(digest)
+                if entry.source and len(named) < _NAMED:  # what a later duplicate was merged into
+                    named[digest] = entry.source
                 plan.accepted += 1
                 assert plan._spool is not None
                 plan._spool.write(line + "\n")

@@ -263,6 +263,8 @@ class Entry:
     reason: str = ""
     #: a manifest row's other columns, carried into the result unchanged
     row: dict[str, Any] | None = None
+    #: a ref as it was named when that differs from ``value`` (a symlink, a relative path)
+    source: str = ""
 
 
 def expand_entries(inputs: Iterable[str], limits: LimitSettings,
@@ -305,7 +307,7 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
             yield from _walk(Path(ref.value), limits, row)
             return
         if not ref.is_manifest:
-            yield Entry("ref", ref.value, row=row)
+            yield Entry("ref", ref.value, row=row, source="" if raw == ref.value else raw)
             return
         here: Path | str = Path(ref.value).parent
         lines = local_lines(Path(ref.value))
@@ -359,12 +361,14 @@ def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Itera
         if not is_dir and _suffix(entry.name) in MANIFEST_EXTENSIONS:
             yield Entry("skipped", entry.path, "a manifest inside a folder (pass it by name to expand it)")
             continue
+        source = ""
         if entry.is_symlink():
             try:
                 value = parse(entry.path, limits).value
             except RefusedRef as exc:  # a symlink out of the roots
                 yield _refused(entry.path, str(exc))
                 continue
+            source = entry.path
         else:
             value = os.path.join(resolved_dir, entry.name)
         if is_dir:
@@ -372,7 +376,7 @@ def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Itera
                 seen.add(value)
                 stack.append((_entries(Path(entry.path)), value))
         else:
-            yield Entry("ref", value, row=row)
+            yield Entry("ref", value, row=row, source=source)
 
 
 def _entries(directory: Path) -> Iterator[os.DirEntry[str] | Entry]:

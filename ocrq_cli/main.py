@@ -229,9 +229,10 @@ def _print_plan(job: str, plan: Any, shown: int = 20) -> None:
     """The intake summary, before anything is published: every file is accounted for."""
     console.print(f"job [bold]{escape(job)}[/]: {plan.summary()}")
     for title, entries, total in (("skipped", plan.skipped_sample, plan.skipped),
+                                  ("merged", plan.merged_sample, plan.duplicates),
                                   ("refused", plan.refused_sample, plan.refused)):
         for entry in entries[:shown]:
-            colour = "yellow" if title == "skipped" else "red"
+            colour = "red" if title == "refused" else "yellow"
             console.print(f"  [{colour}]{title}[/] {escape(entry.value)}: {escape(entry.reason)}")
         if total > shown:
             console.print(f"  … and {total - shown} more {title}")

@@ -37,6 +37,24 @@ def test_counts_add_up_and_accepted_refs_come_back_deduplicated(root: Path) -> N
     assert [ref for ref, _ in plan.entries()] == [str(root / n) for n in ("a.png", "b.jp2", "c.pdf")]
     assert {e.reason for e in plan.skipped_sample} == {
         "hidden", "a manifest inside a folder (pass it by name to expand it)"}
+    # the merged one is named, with the ref it became
+    assert [(e.value, e.reason) for e in plan.merged_sample] == [
+        (str(root / "a.png"), f"the same file as {root / 'a.png'}, submitted once")]
+    plan.close()
+
+
+def test_a_symlink_to_a_listed_file_is_merged_by_its_own_name(root: Path) -> None:
+    touch(root / "top.png")
+    (root / "link_to_top.png").symlink_to(root / "top.png")
+    plan = plan_intake([str(root)], LimitSettings(allowed_roots=[root]))
+    assert [ref for ref, _ in plan.entries()] == [str(root / "top.png")] and plan.duplicates == 1
+    # found first (name order), the link is what top.png merges into, and either way both are named
+    assert [(e.value, e.reason) for e in plan.merged_sample] == [
+        (str(root / "top.png"), f"the same file as {root / 'link_to_top.png'}, submitted once")]
+    plan.close()
+    plan = plan_intake([str(root / "top.png"), str(root / "link_to_top.png")], LimitSettings(allowed_roots=[root]))
+    assert [(e.value, e.reason) for e in plan.merged_sample] == [
+        (str(root / "link_to_top.png"), f"the same file as {root / 'top.png'}, submitted once")]
     plan.close()
 
 
