@@ -15,9 +15,10 @@ after ``settings.queue.name``, ``unacked*`` — live beside them in the same dat
                                             new work (submit, reprocess)                 job_ttl
     ocrq:failed                       ZSET  "{job}/{image id}" -> failed at (epoch s)   no TTL
     ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
-    ocrq:workers:{hostname}           STR   governor/engine state for metrics, and the worker's
+    ocrq:workers:{hostname}           STR   governor/engine state for metrics, the worker's
                                             allowed roots (producers check local refs against
-                                            them at submit)                     60 s, refreshed
+                                            them at submit) and its process (host, pid, var dir:
+                                            ocrq up/down tell stacks apart)     60 s, refreshed
     ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
     ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
     ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
