@@ -32,6 +32,7 @@ from typing import Any
 
 from ocrq.errors import EngineCrashed, OcrqError, classify
 from ocrq.results import OcrOutput
+from worker.engine_time import EngineTime
 from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
 from worker.governor import Governor
 from worker.intake import Intake, QueuedImage, settle
@@ -75,9 +76,7 @@ class EngineLoop(OomRecovery):
         self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
         governor.slots = self._slots
         self._running = 0
-        #: engine seconds each in-flight request has shared so far (keyed by id of the request)
-        self._share: dict[int, float] = {}
-        self._clock = time.monotonic()
+        self._time = EngineTime()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stop_deadline = 0.0
@@ -85,10 +84,6 @@ class EngineLoop(OomRecovery):
         self._stats = {"batches": 0, "images": 0, "oom_events": 0, "downscaled": 0,
                        "too_large": 0, "engine_errors": 0, "last_batch_size": 0}
         self._last_batch_s = 0.0
-        #: since when no batch has been running (None before the first batch): ``idle_s`` adds up
-        #: these gaps, the engine time the worker's intake left unused
-        self._idle_since: float | None = None
-        self._idle_s = 0.0
         #: (images, seconds) of every engine call that returned (worker.metrics)
         self._on_batch = on_batch
         # itertools.count is atomic under the GIL; a generator is not (batches run on several threads)
@@ -185,7 +180,7 @@ class EngineLoop(OomRecovery):
         with self._cond:
             loop: dict[str, Any] = {**self._stats, "pending": len(self._pending), "inflight": len(self._inflight),
                     "batches_in_flight": self._running, "last_batch_s": round(self._last_batch_s, 4),
-                    "idle_s": round(self._idle_s, 3), "incoming": self._incoming, **self.pace.state()}
+                    "idle_s": round(self._time.idle_s, 3), "incoming": self._incoming, **self.pace.state()}
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
@@ -233,12 +228,11 @@ class EngineLoop(OomRecovery):
             done = {id(it) for it in batch}
             with self._cond:
                 self._account()
-                for item in batch:
-                    self._share.pop(id(item.request), None)
+                self._time.forget(it.request for it in batch)
                 self._inflight = [it for it in self._inflight if id(it) not in done]
                 self._running -= 1
                 if self._running == 0:
-                    self._idle_since = time.monotonic()
+                    self._time.stopped()
                 self._cond.notify_all()
 
     def _full(self) -> bool:
@@ -288,7 +282,7 @@ class EngineLoop(OomRecovery):
         oldest = self._pending[0].enqueued
         wait = oldest + self.linger_s - now
         if self._incoming and not self._running:
-            ready = max(oldest, self._idle_since or oldest)
+            ready = max(oldest, self._time.idle_since or oldest)
             wait = max(wait, ready + self.intake_wait_s - now)
         return wait
 
@@ -320,8 +314,8 @@ class EngineLoop(OomRecovery):
         self._pending = rest
         self._account()
         self._inflight = self._inflight + batch
-        if self._running == 0 and self._idle_since is not None:
-            self._idle_s += time.monotonic() - self._idle_since
+        if self._running == 0:
+            self._time.started()
         self._running += 1
         discard = getattr(self.engine, "discard", None)
         if cancelled and discard is not None:
@@ -364,11 +358,10 @@ class EngineLoop(OomRecovery):
             raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
         if self._on_batch is not None:
             self._on_batch(len(requests), seconds)
-        # each image's share of the engine's time: the cost per job (ocrq status) adds these up.
-        # With several batches in flight the engine's time is split over every image running.
+        # each image's share of the engine's time (worker.engine_time)
         with self._cond:
             self._account()
-            shares = [self._share.get(id(r), seconds / len(requests)) for r in requests]
+            shares = [self._time.share(r, seconds / len(requests)) for r in requests]
         batch_id = f"{self._batch_prefix}-{next(self._batch_seq)}"
         for outcome, engine_s in zip(outcomes, shares, strict=True):
             if isinstance(outcome, OcrOutput):
@@ -376,15 +369,8 @@ class EngineLoop(OomRecovery):
         return outcomes
 
     def _account(self) -> None:
-        """Split the engine time since the last change of the in-flight set over the images in
-        flight (caller holds the lock)."""
-        now = time.monotonic()
-        if self._inflight:
-            each = (now - self._clock) / len(self._inflight)
-            for item in self._inflight:
-                key = id(item.request)
-                self._share[key] = self._share.get(key, 0.0) + each
-        self._clock = now
+        """Before the in-flight set changes (caller holds the lock): ``worker.engine_time``."""
+        self._time.account([it.request for it in self._inflight])
 
     def _execute(self, items: list[QueuedImage], depth: int) -> None:
         if not items:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: the engine loop and the governor (with the modules it is made of): engines know none of them
 LOOP_AND_GOVERNOR = (
-    "worker.engine_loop", "worker.intake", "worker.oom",
+    "worker.engine_loop", "worker.intake", "worker.oom", "worker.engine_time",
     "worker.governor", "worker.count_limit", "worker.paged_kv", "worker.packing", "worker.calibration",
 )
 
