@@ -191,7 +191,12 @@ class Stack:
         else:
             status["redis"] = self._start_redis(url)
         env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var),
-               "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots)}
+               "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots),
+               # a local stack's metrics on loopback, as its Redis and Flower (a deployed worker
+               # binds metrics_addr, 0.0.0.0 by default, for a Prometheus elsewhere); a
+               # configured address is kept
+               "OCRQ_METRICS_ADDR": self.settings.metrics_addr
+               if "metrics_addr" in self.settings.model_fields_set else "127.0.0.1"}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
         for plan in plans:
@@ -208,9 +213,6 @@ class Stack:
                 status[plan.service] = (f"{plan.node} already running, pid {self.pid(plan.service)}{gpu}{metrics}"
                                         " (its allowed roots are unchanged: `ocrq down` first to change them)")
         status["roots"] = "local files under " + ", ".join(self.roots)
-        if self.settings.metrics_port:
-            env["OCRQ_METRICS_PORT"] = str(self.settings.metrics_port)
-            env["OCRQ_METRICS_ADDR"] = "127.0.0.1"
         auth, where = self.flower_auth()
         if not self.pid("flower"):
             argv, flower_env = flower_argv(self.settings, auth, address="127.0.0.1")

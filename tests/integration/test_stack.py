@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from ocrq import keys
@@ -49,7 +50,7 @@ def test_up_and_down_from_another_directory_name_the_stack_that_runs(
         redis_url: str, redis_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_ENGINE__KIND": "simulated",
            "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:test",
-           "OCRQ_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
+           "OCRQ_METRICS_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
     for name in ("OCRQ_CONFIG", "OCRQ_VAR_DIR", "OCRQ_LIMITS__ALLOWED_ROOTS"):
         env.pop(name, None)
     here, there, third = (tmp_path / d for d in ("here", "there", "third"))
@@ -69,6 +70,15 @@ def test_up_and_down_from_another_directory_name_the_stack_that_runs(
         assert flower is not None and b"ops:test" not in Path(f"/proc/{flower}/cmdline").read_bytes()
         base = f"http://127.0.0.1:{env['OCRQ_FLOWER_PORT']}/api/workers"
         assert _status(base) == 401 and _status(base, "ops:test") == 200
+        # the local stack's worker serves its metrics on loopback only, as Redis and Flower
+        metrics = int(env["OCRQ_METRICS_PORT"])
+        worker = psutil.Process(stack.pid("worker"))
+        deadline = time.monotonic() + 30
+        while not (bound := {c.laddr.ip for c in worker.net_connections("tcp")
+                             if c.status == psutil.CONN_LISTEN and c.laddr.port == metrics}):
+            assert time.monotonic() < deadline, "the worker's metrics port never listened"
+            time.sleep(0.2)
+        assert bound == {"127.0.0.1"}, bound
         node = f"embedded@{socket.gethostname()}"
         state = json.loads(redis_client.get(keys.worker_state(node)))
         assert state["process"]["var_dir"] == str(here / "var")
