@@ -60,7 +60,8 @@ def test_up_and_down_from_another_directory_name_the_stack_that_runs(
     for key, value in env.items():
         if key.startswith("OCRQ_"):
             monkeypatch.setenv(key, value)
-    monkeypatch.delenv("OCRQ_CONFIG", raising=False)
+    for name in ("OCRQ_CONFIG", "OCRQ_VAR_DIR", "OCRQ_LIMITS__ALLOWED_ROOTS"):  # `make test` exports OCRQ_VAR_DIR
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(here)
     stack = Stack(Settings())
     try:
