@@ -36,8 +36,8 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from ocrq.errors import OcrqError, StorageUnavailable
+from ocrq.expand import Entry, expand_entries
 from ocrq.fetch import _public_addresses
-from ocrq.refs import Entry, expand_entries
 from ocrq.settings import LimitSettings
 
 #: skipped/refused entries kept for display (all are counted)

@@ -1,5 +1,5 @@
 """Manifests: the lines of a ``.jsonl`` or ``.csv`` file (local or on S3), streamed, as
-(line number, ref, row) — what ``ocrq.refs`` expands a manifest into.
+(line number, ref, row) — what ``ocrq.expand`` expands a manifest into.
 
 * JSONL: one JSON object per line with a ``ref``/``path``/``url``/``uri`` field (the first one
   present), or a bare JSON string. The object's other fields are the row.

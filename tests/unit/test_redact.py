@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
+from ocrq.expand import expand
 from ocrq.messages import Chunk, Item, checked_message, chunk_argsrepr
 from ocrq.redact import redact_text, redact_url
-from ocrq.refs import MAX_REF_CHARS, expand, parse
+from ocrq.refs import MAX_REF_CHARS, parse
 from ocrq.settings import LimitSettings
 
 SIGNED = ("https://bucket.s3.amazonaws.com/scans/a.png?X-Amz-Algorithm=AWS4-HMAC-SHA256"

@@ -1,4 +1,4 @@
-"""ocrq.refs on local files: parsing, confinement, directories, manifests, local fetch."""
+"""ocrq.refs and ocrq.expand on local files: parsing, confinement, directories, manifests, local fetch."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
+from ocrq.expand import expand, expand_entries
 from ocrq.fetch import fetch
-from ocrq.refs import BAD_REF_PREFIX, canonical, expand, expand_entries, is_local, parse
+from ocrq.refs import BAD_REF_PREFIX, canonical, is_local, parse
 from ocrq.settings import LimitSettings
 
 
