@@ -183,3 +183,11 @@ class RenderAhead:
             with self._cond:
                 self.render_s += time.perf_counter() - t0
                 self.rendered += 1
+
+
+def one_torch_thread() -> None:
+    """A render thread's torch ops run on that thread alone (OpenMP's thread count is per calling
+    thread; the render threads are the parallelism)."""
+    import torch
+
+    torch.set_num_threads(1)

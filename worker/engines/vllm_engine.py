@@ -32,7 +32,7 @@ from worker.costs import ModelProfile
 from worker.engines import hunyuan, vllm_vision
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.render_ahead import RenderAhead
+from worker.engines.render_ahead import RenderAhead, one_torch_thread
 from worker.engines.transformers_engine import weights_revision
 from worker.engines.vllm_common import (
     admission_error,
@@ -120,7 +120,7 @@ class VllmEngine:
         with self._renders_lock:  # not the engine's lock: a step holds that for its whole length
             if self._renders is None:
                 self._renders = RenderAhead(self._render_current, threads=render_threads(self.settings),
-                                            ahead=self.settings.render_ahead, init=_one_torch_thread)
+                                            ahead=self.settings.render_ahead, init=one_torch_thread)
             return self._renders
 
     def _dtype(self) -> str:
@@ -395,12 +395,3 @@ class VllmEngine:
         messages = image_messages(request, self.version, {"type": "image_pil", "image_pil": image})
         (engine_input,) = llm._preprocess_chat([messages])  # vLLM 0.32: LLM.chat's own renderer
         return engine_input
-
-
-
-def _one_torch_thread() -> None:
-    """A render thread's torch ops run on that thread alone (OpenMP's thread count is per calling
-    thread; the render threads are the parallelism): see ``worker.engines.render_ahead``."""
-    import torch
-
-    torch.set_num_threads(1)
