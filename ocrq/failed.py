@@ -35,6 +35,11 @@ class FailedImage:
     def line(self) -> dict[str, Any]:
         return {**self.record.model_dump(mode="json", exclude_none=True), "failed_at": self.failed_at}
 
+    def why(self, width: int = 300) -> str:
+        """The error in one line: ``Type: message`` (cut at ``width``)."""
+        error = self.record.error
+        return (f"{error.type}: {error.message}" if error else "failed")[:width]
+
 
 def parse_since(text: str, now: float | None = None) -> float:
     """``30m``, ``2h``, ``7d`` (ago) or an ISO-8601 time → epoch seconds."""
@@ -54,15 +59,19 @@ def _matches(rec: ImageRecord, error: str | None) -> bool:
 
 
 def from_redis(index: JobIndex, job: str | None = None, error: str | None = None,
-               since: float | None = None) -> Iterator[FailedImage]:
-    """Oldest first. Members are read in pages; records of one job are read in one HMGET."""
+               since: float | None = None, limit: int | None = None) -> Iterator[FailedImage]:
+    """Oldest first. Members are read in pages; records of one job are read in one HMGET.
+    ``limit`` (without ``error``): only the oldest ``limit`` records are read."""
     members = index.redis.zrangebyscore(keys.FAILED, since if since is not None else "-inf", "+inf",
                                         withscores=True)
     by_job: dict[str, list[tuple[str, float]]] = {}
+    cap = limit if error is None else None  # with an error filter, records decide what counts
     for member, score in members:
         j, _, image_id = member.decode().partition("/")
         if job is None or j == job:
             by_job.setdefault(j, []).append((image_id, float(score)))
+            if cap is not None and (cap := cap - 1) <= 0:
+                break
     found: list[FailedImage] = []
     for j, entries in by_job.items():
         records = index.get(j, [i for i, _ in entries])

@@ -82,7 +82,7 @@ def _fetch_confined(path: str, ref: str, limits: LimitSettings) -> bytes:
         # refused exactly as before when outside the roots (realpath: a loop, or an absent file
         # out there, is refused, not reported missing); otherwise the open's own error
         parse(ref, limits)
-        return _fetch_local(path, limits.max_bytes, error=exc)
+        raise _local_error(exc, path) from exc
     try:
         fd_path = f"{_FD_DIR}/{handle}"
         confine(os.readlink(fd_path), ref, limits)
@@ -93,13 +93,10 @@ def _fetch_confined(path: str, ref: str, limits: LimitSettings) -> bytes:
         os.close(handle)
 
 
-def _fetch_local(path: str | Path, cap: int, name: str | Path | None = None,
-                 error: OSError | None = None) -> bytes:
-    """``path``'s bytes (``name``: the path errors show; ``error``: an open that already failed)."""
+def _fetch_local(path: str | Path, cap: int, name: str | Path | None = None) -> bytes:
+    """``path``'s bytes (``name``: the path errors show)."""
     name = path if name is None else name
     try:
-        if error is not None:
-            raise error
         # O_NONBLOCK: opening a FIFO must not hang a fetch thread (no effect on regular files)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:  # os.read on the descriptor: no buffered file object per image
@@ -111,12 +108,16 @@ def _fetch_local(path: str | Path, cap: int, name: str | Path | None = None,
             return _read_capped(lambda n: os.read(fd, n), cap, str(name))
         finally:
             os.close(fd)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise MissingObject(f"no such file: {name}") from exc
-    except (PermissionError, IsADirectoryError) as exc:
-        raise RefusedRef(f"cannot read {name}: {exc.strerror}") from exc
     except OSError as exc:
-        raise StorageUnavailable(f"cannot read {name}: {exc}") from exc
+        raise _local_error(exc, name) from exc
+
+
+def _local_error(exc: OSError, name: str | Path) -> OcrqError:
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return MissingObject(f"no such file: {name}")
+    if isinstance(exc, PermissionError | IsADirectoryError):
+        return RefusedRef(f"cannot read {name}: {exc.strerror}")
+    return StorageUnavailable(f"cannot read {name}: {exc}")
 
 
 def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:

@@ -35,6 +35,12 @@ class Item(BaseModel):
 TASKS = ("text", "parse", "spotting", "extract", "translate")
 
 
+def check_task(task: str) -> None:
+    """``ValueError`` for a task no engine knows (what producers refuse before publishing)."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
+
+
 class Chunk(BaseModel):
     job: str
     #: one of ``TASKS`` (a str, not a Literal: a worker must record a bad one per image, typed)

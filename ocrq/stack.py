@@ -68,13 +68,12 @@ def running_workers(url: str) -> dict[str, dict[str, object]]:
     Empty when Redis does not answer."""
     try:
         client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        names = list(client.scan_iter(keys.worker_state("*"), count=200))
         found: dict[str, dict[str, object]] = {}
-        for key in client.scan_iter(keys.worker_state("*"), count=200):
-            raw = client.get(key)
+        for key, raw in zip(names, client.mget(names) if names else [], strict=True):
             if raw:
-                node = key.decode()[len(keys.worker_state("")):]
                 process = json.loads(raw).get("process")
-                found[node] = process if isinstance(process, dict) else {}
+                found[key.decode()[len(keys.worker_state("")):]] = process if isinstance(process, dict) else {}
         return found
     except (redis.RedisError, ValueError):
         return {}
@@ -89,8 +88,8 @@ def _alive(process: dict[str, object]) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True
 
 

@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ocrq.errors import OcrqError
-from ocrq.messages import TASKS
+from ocrq.messages import TASKS, check_task
 from ocrq.settings import Settings, load_settings
 from ocrq_cli.failed import failed_app
 
@@ -156,8 +156,10 @@ def submit(
     Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
     published), 3 (with --wait) some images failed, 4 (with --wait) timed out."""
     params = _parse_params(param)
-    if task not in TASKS:  # before any file is listed
-        raise typer.BadParameter(f"unknown task {task!r}: one of {', '.join(TASKS)}", param_hint="--task")
+    try:
+        check_task(task)  # before any file is listed
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--task") from exc
     settings = _settings()
     client = _client(settings)
     t0 = time.monotonic()
@@ -213,13 +215,8 @@ def _print_failed(client: Any, job: str, failed: int, shown: int = 10) -> None:
     """Which images failed and why (the first ``shown``), and where the rest are."""
     from ocrq.failed import from_redis
 
-    for n, entry in enumerate(from_redis(client.index, job)):
-        if n == shown:
-            break
-        rec = entry.record
-        error = rec.error
-        why = f"{error.type}: {error.message}" if error else "failed"
-        console.print(f"  [red]failed[/] {escape(rec.ref)}: {escape(why[:300])}")
+    for entry in from_redis(client.index, job, limit=shown):
+        console.print(f"  [red]failed[/] {escape(entry.record.ref)}: {escape(entry.why())}")
     more = f" (first {shown} above)" if failed > shown else ""
     console.print(f"  [bold]hint[/]: `ocrq failed --job {job}` lists the {_images(failed)} that failed{more};"
                   f" `ocrq reprocess --job {job}` runs them again once fixed")
@@ -367,16 +364,16 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
     """Re-run failed images (all jobs, or one) with a fresh attempt budget, on each job's own
     queue and priority."""
     client = _client(_settings())
-    n = client.reprocess_failed(job, error=error, dry_run=dry_run)
-    if dry_run:
+    if dry_run:  # what reprocess_failed would read, listed: one pass over the registry
         from ocrq.failed import from_redis
 
-        for entry in from_redis(client.index, job, error):
+        listed = list(from_redis(client.index, job, error))
+        for entry in listed:
             rec = entry.record
-            why = f"{rec.error.type}: {rec.error.message}" if rec.error else "failed"
-            print(f"{rec.job}\t{rec.id}\t{rec.ref}\t{why[:200]}")
-        console.print(f"would re-publish {_images(n)} that failed (dry run: nothing published)")
+            print(f"{rec.job}\t{rec.id}\t{rec.ref}\t{entry.why(200)}")
+        console.print(f"would re-publish {_images(len(listed))} that failed (dry run: nothing published)")
         return
+    n = client.reprocess_failed(job, error=error)
     console.print(f"re-published {n} failed images")
     if wait and job:
         _print_counts(job, _wait(client.job(job), None))

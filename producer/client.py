@@ -34,9 +34,9 @@ from ocrq.jobs import JobIndex
 from ocrq.messages import (
     FINISH_JOB_TASK,
     OCR_CHUNK_TASK,
-    TASKS,
     Chunk,
     Item,
+    check_task,
     checked_message,
     chunk_argsrepr,
     message_bytes,
@@ -126,8 +126,7 @@ class Client:
         completion also has a Parquet file (ocrq.export)."""
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}: one of {', '.join(TASKS)}")
+        check_task(task)
         params = params or {}
         params_size = message_bytes(params)
         if params_size > self.settings.queue.max_message_bytes // 4:
