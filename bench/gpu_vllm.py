@@ -295,6 +295,12 @@ def worker(args: argparse.Namespace) -> None:
     row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
                            "concurrent_batches": args.concurrent_batches,
                            "vision_group_patches": args.vision_group_patches, "jobs": []}
+    if args.server:
+        from ocrq.settings import EngineSettings
+        from worker.engines.vllm_launcher import api_servers
+
+        row["api_servers"] = api_servers(EngineSettings(api_servers=args.api_servers))
+        row["image_transport"] = EngineSettings().image_transport
     try:
         if args.server:
             from ocrq.settings import EngineSettings
@@ -305,7 +311,7 @@ def worker(args: argparse.Namespace) -> None:
                                 max_num_batched_tokens=args.max_num_batched_tokens,
                                 gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
                                 dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda,
-                                vision_group_patches=args.vision_group_patches)
+                                vision_group_patches=args.vision_group_patches, api_servers=args.api_servers)
             t0 = time.perf_counter()
             log_file = (args.work / f"{args.name}-server.log").open("wb")
             server = launch_server(model, sport, es, env=env, log_file=log_file, ready_timeout=500)
@@ -369,6 +375,8 @@ def main() -> None:
     w.add_argument("--max-num-seqs", type=int, default=256)
     w.add_argument("--concurrent-batches", type=int, default=8)
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
+    w.add_argument("--api-servers", type=int, default=None,
+                   help="--server: engine.api_servers (default: one per 4 host cores, 1 to 4)")
     w.add_argument("--vision-group-patches", type=int, default=0,
                    help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
     r = sub.add_parser("report")

@@ -17,7 +17,8 @@
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
-#   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536
+#   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
+#   bash bench/h200_vllm.sh server1    # the same with one API process
 #   bash bench/h200_vllm.sh session7   # the same as session6 (kept for the seventh session's notes)
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
@@ -100,6 +101,10 @@ while time.time() - t0 < ${DIAG_S:-90}:
         local core; core=$(pgrep -f "VLLM::EngineCore" | head -1)
         [ -n "$core" ] && $spy record --idle --nonblocking -r 100 -d "${CORE_S:-12}" -f raw \
           -o "$OUT/$name.core2.txt" -p "$core" >/dev/null 2>&1 &
+        # a launched server's first API process (alone: the vllm_serve process itself)
+        local api; api=$(pgrep -f "VLLM::APIServer_0" | head -1); [ -n "$api" ] || api=$(pgrep -f "worker.engines.vllm_serve" | head -1)
+        [ -n "$api" ] && $spy record --nonblocking -r 100 -d "${CORE_S:-12}" -f raw \
+          -o "$OUT/$name.api2.txt" -p "$api" >/dev/null 2>&1 &
       fi
     fi
     sleep 2
@@ -195,8 +200,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2
     sleep 20; python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
     DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
-  server)
-    row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
+  server)  # the default API processes (4 on a 16-core host) and PPM pages, under DIAG (API process profiled)
+    DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
+  server1)  # the same with one API process (the eighth session's server)
+    row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
     row ${SEEDS_S:-265} vllm-seeds plain --max-num-seqs 8
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;

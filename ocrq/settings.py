@@ -149,6 +149,14 @@ class EngineSettings(BaseModel):
     #: page; bf16 rounding may then depend on the group. Not yet measured on a GPU
     #: (worker/engines/vllm_vision.py; 16384 fits a 2048×1536 page)
     vision_group_patches: int = Field(default=0, ge=0)
+    #: vllm-server launched by ocrq: API processes in front of its one engine core
+    #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone
+    #: bounds the server at its GIL. None: one per 4 cores of the host, 1 to 4
+    api_servers: int | None = Field(default=None, ge=1, le=16)
+    #: vllm-server: how the worker sends a page. "ppm": its decoded pixels as they are (a
+    #: 2048×1536 page encodes in ~4 ms); "png": lossless compressed, several times smaller for
+    #: clean documents but ~0.4 s of CPU to encode a noisy scan (for a server across a slow link)
+    image_transport: Literal["ppm", "png"] = "ppm"
     #: vllm-server: one or more OpenAI-compatible endpoints
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000/v1"])
     served_model: str | None = None

@@ -1,5 +1,7 @@
-"""The vLLM server engine: a real ``vllm.entrypoints.openai.api_server`` on loopback with the tiny
-random checkpoint (one server for the module), plus the client's error mapping against a fake
+"""The vLLM server engine: a real vLLM server on loopback with the tiny random checkpoint (one
+server for the module, two API processes in front of its engine core: the launcher's
+``--api-server-count``; tests/integration/test_vllm_in_worker.py runs one), plus the client's
+error mapping against a fake
 transport (4xx, 5xx, dead endpoints, timeouts, re-probing) where a real server cannot be made
 to misbehave on cue.
 """
@@ -18,7 +20,11 @@ from ocrq.errors import BadRequest, EngineTimeout, EngineUnavailable
 from ocrq.results import OcrOutput
 from tests.conftest import free_port
 from tests.integration.vllm_support import (
+    STEPS,
+    TOL,
+    K,
     assert_batch_invariant,
+    compare,
     engine_settings,
     make_images,
     requests_for,
@@ -54,7 +60,7 @@ def server(
     checkpoint: Path, env: dict[str, str], reference: list[Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """A real server (after the transformers reference, which needs the CPU to itself)."""
-    with running_server(checkpoint, env, tmp_path_factory.mktemp("vllm-server")) as url:
+    with running_server(checkpoint, env, tmp_path_factory.mktemp("vllm-server"), api_servers=2) as url:
         yield url
 
 
@@ -83,6 +89,27 @@ def test_infer_through_the_server_skips_the_dead_endpoint(engine: Any, server: s
 
 def test_server_batch_invariance_and_agreement_with_transformers(engine: Any, reference: list[Any]) -> None:
     assert_batch_invariant(engine, reference)
+
+
+def test_both_image_transports_give_the_same_answer(engine: Any, server: str, checkpoint: Path) -> None:
+    """PPM (the default: raw pixels) and PNG are both lossless: the server sees the same pixels,
+    so each page's top-k logprobs agree as closely as two runs of one request do (fp32 on the
+    CPU: ~1e-6; a pixel off would show in the top-k ranks or well beyond TOL)."""
+    from worker.engines.vllm_server import VllmServerEngine
+
+    png = VllmServerEngine(engine_settings(checkpoint, "vllm-server", endpoints=[server], image_transport="png"))
+    png.start()
+    try:
+        reqs = requests_for(make_images(1)[:3])
+        assert engine._body(reqs[0])["messages"][1]["content"][0]["image_url"]["url"].startswith(
+            "data:image/x-portable-pixmap;base64,")
+        assert png._body(reqs[0])["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+        for a, b in zip(engine.topk_logprobs(reqs, K, STEPS), png.topk_logprobs(reqs, K, STEPS), strict=True):
+            d, missing = compare(a, b)
+            print(f"ppm vs png: {d:.2e} ({missing} missing)")
+            assert missing == 0 and d <= TOL, (d, missing)
+    finally:
+        png.close()
 
 
 def test_a_request_the_server_rejects_is_a_bad_request(engine: Any) -> None:
@@ -251,8 +278,11 @@ def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
     from worker.engines.vllm_launcher import server_argv
 
     argv = server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server"))
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[1:3] == ["-m", "worker.engines.vllm_serve"]
     joined = " ".join(argv)
+    assert 1 <= int(argv[argv.index("--api-server-count") + 1]) <= 4  # unset: from the host's cores
+    assert "--api-server-count 3" in " ".join(
+        server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server", api_servers=3)))
     for flag in ("--no-enable-prefix-caching", "--mm-processor-cache-gb 0", "--max-model-len 2048",
                  "--max-num-seqs 8", "--enforce-eager", "--dtype float32", '--limit-mm-per-prompt {"image": 1}',
                  "--scheduling-policy priority", "--renderer-num-workers "):

@@ -182,10 +182,10 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path) -> Iterator[str]:
-    """A real ``vllm.entrypoints.openai.api_server`` on a free loopback port; yields its /v1 URL,
-    fails the test with the server's log if it does not start, and checks on exit that the
-    whole process group is gone."""
+def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path, **overrides: Any) -> Iterator[str]:
+    """A real vLLM server (``worker.engines.vllm_serve``, settings ``overrides``) on a free loopback
+    port; yields its /v1 URL, fails the test with the server's log if it does not start, and
+    checks on exit that the whole process group is gone."""
     import time
 
     from tests.conftest import free_port
@@ -196,7 +196,7 @@ def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path) -> Iter
     t0 = time.perf_counter()
     with log_path.open("wb") as log_file:
         try:
-            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server"), env=env,
+            proc = launch_server(checkpoint, port, engine_settings(checkpoint, "vllm-server", **overrides), env=env,
                                  log_file=log_file, ready_timeout=240)
         except (RuntimeError, TimeoutError):
             pytest.fail(f"vLLM server did not start:\n{log_path.read_text()[-4000:]}")

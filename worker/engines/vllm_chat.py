@@ -1,6 +1,6 @@
 """One chat completion on a vLLM OpenAI-compatible server, as the vllm-server engine speaks it:
-the request body for one image (empty system message, user [image as a base64 PNG data URL,
-prompt]) and its streamed answer.
+the request body for one image (empty system message, user [image as a base64 data URL, prompt])
+and its streamed answer.
 
 Streaming lets the repetition rule stop a looping page early (``Answer.looping``); token ids
 come back with the stream (``return_tokens_as_token_ids``) so the rule runs on tokens, as in the
@@ -34,10 +34,15 @@ def request_body(request: OcrRequest, *, model: str | None, version: hunyuan.Ver
     s = sampling
     image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
     buf = io.BytesIO()
-    # lossless: the server sees the pixels the worker decoded; level 1 encodes several times
-    # faster than the default 6 for a few percent more bytes on loopback/LAN
-    image.save(buf, format="PNG", compress_level=1)
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    # lossless either way: the server sees the pixels the worker decoded. vLLM opens any format
+    # PIL knows (the media type is not read); PPM is the raw pixels behind a short header
+    if settings.image_transport == "ppm":
+        image.save(buf, format="PPM")
+        mime = "image/x-portable-pixmap"
+    else:  # level 1 encodes several times faster than the default 6 for a few percent more bytes
+        image.save(buf, format="PNG", compress_level=1)
+        mime = "image/png"
+    url = f"data:{mime};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
     part = {"type": "image_url", "image_url": {"url": url}}
     return {
         "model": model,

