@@ -25,6 +25,7 @@
 #   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
 #   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
 #   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
+#   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
@@ -195,6 +196,9 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       --vision-group-patches ${GROUP_PATCHES:-16384}
     timeout 230 python3 -m pytest tests/gpu/test_vllm_groups_gpu.py -m gpu -p no:cacheprovider -q -s \
       --junitxml="$OUT/gpu-groups.xml" 2>&1 | grep -E "grouped|passed|failed|Error" | tail -8 ;;
+  groups-ab)  # the A/B again in the other order, no DIAG: grouped tower, then vLLM's loop
+    row 300 ocrq-vllm-groups-b worker --max-num-batched-tokens 65536 --vision-group-patches ${GROUP_PATCHES:-16384}
+    row 280 ocrq-vllm-b worker --max-num-batched-tokens 65536 ;;
   firstset)  # does idle memory go cold (vm_memory after 20 s idle)? then a worker's first and second job
     # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2

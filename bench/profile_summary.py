@@ -62,6 +62,8 @@ _PHASES: list[tuple[str, Callable[[set[str], str], bool]]] = [
         lambda s, leaf: leaf.startswith("HunYuanVisionTransformer.forward") and "hunyuan_vision.py:528" in leaf,
     ),
     ("vision tower: launching (per image, per layer)", lambda s, leaf: "HunYuanVisionTransformer.forward" in s),
+    # ocrq's grouped tower (engine.vision_group_patches, worker/engines/vllm_vision.py)
+    ("vision tower, grouped: layers on groups of pages", lambda s, leaf: "_grouped" in s),
     (
         "batching multimodal inputs (pixel patches into one buffer)",
         lambda s, leaf: "MultiModalFlatField._reduce_data" in s,

@@ -38,7 +38,7 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.vllm_chat import Answer, request_body
+from worker.engines.vllm_chat import Answer, encode_body, request_body
 from worker.engines.vllm_common import answer_meta
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,8 @@ class VllmServerEngine:
         answer = Answer(endpoint=ep.url)
         deadline = time.monotonic() + self.settings.request_timeout
         try:
-            with self._client.stream("POST", f"{ep.url}/chat/completions", json=body) as response:
+            with self._client.stream("POST", f"{ep.url}/chat/completions", content=encode_body(body),
+                                     headers={"content-type": "application/json"}) as response:
                 self._check_status(ep, response)
                 for line in response.iter_lines():
                     if time.monotonic() > deadline:
