@@ -19,6 +19,7 @@
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
 #   bash bench/h200_vllm.sh server1    # the same with one API process
+#   bash bench/h200_vllm.sh server-quick  # the server row, two sets only (no small job, no DIAG)
 #   bash bench/h200_vllm.sh session7   # the same as session6 (kept for the seventh session's notes)
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
 #   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
@@ -206,6 +207,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
   server)  # the default API processes (4 on a 16-core host) and PPM pages, under DIAG (API process profiled)
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
+  server-quick)  # two sets, no small job, no DIAG: the server row when little device time is left
+    row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
   server1)  # the same with one API process (the eighth session's server)
     row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
