@@ -204,11 +204,11 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     # under py-spy (DIAG): why a worker's first job renders slowly (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 2
     sleep 20; python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
-    DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
+    DIAG=1 DIAG_S=${DIAG_S:-260} row 300 ocrq-vllm-diag worker --max-num-batched-tokens 65536 --jobs ${JOBS:-2} --small 0 ;;
   server)  # the default API processes (4 on a 16-core host) and PPM pages, under DIAG (API process profiled)
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   server-quick)  # two sets, no small job, no DIAG: the server row when little device time is left
-    row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs 2 --small 0 ;;
+    row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs ${JOBS:-2} --small 0 ;;
   server1)  # the same with one API process (the eighth session's server)
     row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row

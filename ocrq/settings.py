@@ -146,8 +146,8 @@ class EngineSettings(BaseModel):
     #: vllm, vllm-server launched by ocrq: run the vision tower on groups of pages of at most this
     #: many patches, every layer once per group (0: vLLM's loop, each layer on each page). Fewer
     #: kernel launches where vLLM's engine core is CPU-bound; activations bounded by one such
-    #: page; bf16 rounding may then depend on the group. Not yet measured on a GPU
-    #: (worker/engines/vllm_vision.py; 16384 fits a 2048×1536 page)
+    #: page; bf16 rounding may then depend on the group. On the H200: 2-11 % more img/s
+    #: (worker/engines/vllm_vision.py, docs/gpu.md; 16384 fits a 2048×1536 page)
     vision_group_patches: int = Field(default=0, ge=0)
     #: vllm-server launched by ocrq: API processes in front of its one engine core
     #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone
