@@ -209,7 +209,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   server-quick)  # two sets, no small job, no DIAG: the server row when little device time is left
     row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs ${JOBS:-2} --small 0 ;;
-  server1)  # the same with one API process (the eighth session's server)
+  server1)  # the same with one API process (as the eighth session's server, but PPM pages)
     row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
     row ${SEEDS_S:-265} vllm-seeds plain --max-num-seqs 8

@@ -151,7 +151,8 @@ class EngineSettings(BaseModel):
     vision_group_patches: int = Field(default=0, ge=0)
     #: vllm-server launched by ocrq: API processes in front of its one engine core
     #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone
-    #: bounds the server at its GIL. None: one per 4 cores of the host, 1 to 4
+    #: bounds the server at its GIL. Each holds ~3.7 GB of host memory (H200 rows, top's RES).
+    #: None: one per 4 cores of the host, 1 to 4
     api_servers: int | None = Field(default=None, ge=1, le=16)
     #: vllm-server: how the worker sends a page. "ppm": its decoded pixels as they are (a
     #: 2048×1536 page encodes in ~4 ms); "png": lossless compressed, several times smaller for

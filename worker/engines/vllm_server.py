@@ -220,7 +220,12 @@ class VllmServerEngine:
                             settings=self.settings)
 
     def _attempts(self, request: OcrRequest, body: dict[str, Any], watch: bool = True) -> Answer | OcrqError:
-        """Up to ``retries`` attempts, each on the least-loaded live endpoint."""
+        """Up to ``retries`` attempts, each on the least-loaded live endpoint (the body is encoded
+        once, before the first)."""
+        try:
+            payload = encode_body(body)
+        except OcrqError as exc:
+            return exc
         last = "no live endpoint"
         for attempt in range(self.retries):
             if attempt:
@@ -229,7 +234,7 @@ class VllmServerEngine:
             if ep is None:
                 continue
             try:
-                return self._stream(ep, body, watch)
+                return self._stream(ep, payload, watch)
             except _Retry as exc:
                 last = f"{ep.url}: {exc}"
                 log.warning("vLLM request %s failed (attempt %d/%d): %s", request.key, attempt + 1,
@@ -243,12 +248,12 @@ class VllmServerEngine:
                 self._release(ep)
         return EngineUnavailable(f"{request.key}: no vLLM answer in {self.retries} attempts: {last}")
 
-    def _stream(self, ep: _Endpoint, body: dict[str, Any], watch: bool) -> Answer:
+    def _stream(self, ep: _Endpoint, payload: bytes, watch: bool) -> Answer:
         assert self._client is not None
         answer = Answer(endpoint=ep.url)
         deadline = time.monotonic() + self.settings.request_timeout
         try:
-            with self._client.stream("POST", f"{ep.url}/chat/completions", content=encode_body(body),
+            with self._client.stream("POST", f"{ep.url}/chat/completions", content=payload,
                                      headers={"content-type": "application/json"}) as response:
                 self._check_status(ep, response)
                 for line in response.iter_lines():
