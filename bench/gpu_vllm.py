@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -270,6 +271,9 @@ def worker(args: argparse.Namespace) -> None:
     from producer.client import Client
 
     model, folders, cuda = _setup(args)
+    # a row measures a cold store: a row of the same name run earlier on this machine left its
+    # cache there (the twelfth session's second server row answered every page from it)
+    shutil.rmtree(args.work / f"store-{args.name}", ignore_errors=True)
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
