@@ -143,6 +143,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/ocrq-gpu-worker"))
     ap.add_argument("--simulated", type=float, default=None, metavar="BATCH_S",
                     help="CPU stand-in: the simulated engine (24 GiB model, each batch takes BATCH_S)")
+    ap.add_argument("--sim-padded", action="store_true",
+                    help="with --simulated: a batch costs n × its longest page, as the transformers engine's")
     ap.add_argument("--sim-image-s", type=float, default=0.0, metavar="S",
                     help="with --simulated: S more seconds per image in a batch (a GPU-like t(n) = BATCH_S + S·n)")
     args = ap.parse_args()
@@ -175,7 +177,7 @@ def main() -> None:
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": "32"}
     sim_extra = {"batch_latency_s": args.simulated, "image_latency_s": args.sim_image_s,
-                 "output_tokens": args.tokens}
+                 "output_tokens": args.tokens, **({"padded": True} if args.sim_padded else {})}
     if args.simulated is not None:
         env.update({"OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(sim_extra)})
     settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": work / "store"},
