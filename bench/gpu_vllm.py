@@ -273,12 +273,13 @@ def worker(args: argparse.Namespace) -> None:
     model, folders, cuda = _setup(args)
     # a row measures a cold store: a row of the same name run earlier on this machine left its
     # cache there (the twelfth session's second server row answered every page from it)
-    shutil.rmtree(args.work / f"store-{args.name}", ignore_errors=True)
+    store = args.work / f"store-{args.name}"
+    shutil.rmtree(store, ignore_errors=True)
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
     extra: dict[str, Any] = {"ignore_eos": True}
-    env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(args.work / f"store-{args.name}"),
+    env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(store),
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(args.work)]), "OCRQ_ENGINE__MODEL_DIR": str(model),
            "OCRQ_ENGINE__KIND": "vllm-server" if args.server else "vllm",
            "OCRQ_ENGINE__MAX_NEW_TOKENS": str(args.tokens), "OCRQ_ENGINE__REPETITION_STOP": "0",
@@ -321,7 +322,7 @@ def worker(args: argparse.Namespace) -> None:
         proc = start_worker(env, "w1", args.work / f"{args.name}-worker.log", redis_url, timeout=600,
                             concurrency=8)
         row["worker_ready_s"] = round(time.perf_counter() - t0, 1)
-        settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": args.work / f"store-{args.name}"},
+        settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": store},
                             limits={"allowed_roots": [args.work]}, queue={"chunk_size": 32})
         tags = ("big", "big2", "big3")[: args.jobs] if args.small else ("big", "big2")[: args.jobs]
         for i, tag in enumerate(tags):

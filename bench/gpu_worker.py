@@ -177,7 +177,7 @@ def main() -> None:
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": "32"}
     sim_extra = {"batch_latency_s": args.simulated, "image_latency_s": args.sim_image_s,
-                 "output_tokens": args.tokens, **({"padded": True} if args.sim_padded else {})}
+                 "output_tokens": args.tokens, "padded": args.sim_padded}
     if args.simulated is not None:
         env.update({"OCRQ_ENGINE__KIND": "simulated", "OCRQ_ENGINE__EXTRA": json.dumps(sim_extra)})
     settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": work / "store"},
