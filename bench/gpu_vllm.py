@@ -263,10 +263,27 @@ def _watch_small(client: Any, folder: Path, delay: float, out: dict[str, Any]) -
         time.sleep(0.1)
 
 
+def _states(redis_url: str, workers: list[str]) -> dict[str, Any]:
+    """Each worker's published state (engine counters), by worker name."""
+    import redis
+
+    from ocrq import keys
+
+    client = redis.Redis.from_url(redis_url)
+    host = socket.gethostname()
+    out = {}
+    for name in workers:
+        state = json.loads(client.get(keys.worker_state(f"{name}@{host}")) or "{}")
+        out[name] = {k: state.get(k) for k in ("batches", "images", "preemptions", "kv_usage", "token_capacity",
+                                                 "capacity_bytes", "failed", "engine")}
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     from bench.gpu_worker import run_job
     from bench.services import free_port, start_redis, start_worker, stop
     from ocrq import keys  # noqa: F401  (run_job reads the worker state through it)
+    from ocrq.gpus import share_env
     from ocrq.settings import Settings
     from producer.client import Client
 
@@ -289,7 +306,7 @@ def worker(args: argparse.Namespace) -> None:
            "OCRQ_ENGINE__CONCURRENT_BATCHES": str(args.concurrent_batches),
            "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
-           "OCRQ_QUEUE__CHUNK_SIZE": "32", "OCRQ_METRICS_PORT": "0",
+           "OCRQ_QUEUE__CHUNK_SIZE": str(args.chunk_size), "OCRQ_METRICS_PORT": "0",
            "OCRQ_ENGINE__VISION_GROUP_PATCHES": str(args.vision_group_patches)}
     server = None
     sampler = _PeakSampler()
@@ -319,11 +336,20 @@ def worker(args: argparse.Namespace) -> None:
             env["OCRQ_ENGINE__ENDPOINTS"] = json.dumps([f"http://127.0.0.1:{sport}/v1"])
         env["OCRQ_ENGINE__EXTRA"] = json.dumps(extra)
         t0 = time.perf_counter()
-        proc = start_worker(env, "w1", args.work / f"{args.name}-worker.log", redis_url, timeout=600,
-                            concurrency=8)
+        procs = []
+        # --workers N: N engines on this one GPU, each with 1/N of the budget, as `ocrq up --gpus`
+        # plans them (engine.engines_per_gpu); started one after another, as the stack does, so
+        # that no engine sizes its KV cache while another is still claiming memory
+        share = share_env(Settings(batch={"memory_cap_bytes": int(args.cap_gb * GIB)}), args.workers)
+        for k in range(args.workers):
+            name = "w1" if k == 0 else f"w1.{k}"
+            procs.append(start_worker({**env, **share}, name, args.work / f"{args.name}-{name}-worker.log"
+                                      if k else args.work / f"{args.name}-worker.log", redis_url, timeout=600,
+                                      concurrency=8))
+        row.update(workers=args.workers, chunk_size=args.chunk_size)
         row["worker_ready_s"] = round(time.perf_counter() - t0, 1)
         settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": store},
-                            limits={"allowed_roots": [args.work]}, queue={"chunk_size": 32})
+                            limits={"allowed_roots": [args.work]}, queue={"chunk_size": args.chunk_size})
         tags = ("big", "big2", "big3")[: args.jobs] if args.small else ("big", "big2")[: args.jobs]
         for i, tag in enumerate(tags):
             small: dict[str, Any] = {}
@@ -338,9 +364,12 @@ def worker(args: argparse.Namespace) -> None:
                 watcher.join(600)
                 job["small"] = small
             job["run"] = ("first", "second", "third")[i]
+            if args.workers > 1:  # every engine's own counters (run_job read the first one's)
+                job["worker_states"] = _states(redis_url, ["w1"] + [f"w1.{k}" for k in range(1, args.workers)])
             row["jobs"].append(job)
             print(json.dumps(job), flush=True)
-        stop(proc)
+        for proc in procs:
+            stop(proc)
     finally:
         sampler.stop.set()
         if server is not None:
@@ -349,11 +378,14 @@ def worker(args: argparse.Namespace) -> None:
             stop_server(server)
         redis_proc.terminate()
     second = row["jobs"][1] if len(row["jobs"]) > 1 else row["jobs"][0]
-    state = row["jobs"][-1].get("worker_state", {})
+    last = row["jobs"][-1]
+    states = last.get("worker_states") or {"w1": last.get("worker_state", {})}
+    preemptions = [s.get("preemptions") for s in states.values()]
     third = row["jobs"][2] if len(row["jobs"]) > 2 else None
     row.update(cap_gb=args.cap_gb, max_num_batched_tokens=args.max_num_batched_tokens,
                img_per_s=second["img_per_s"], failed=sum(j["failed"] for j in row["jobs"]),
-               first_img_per_s=row["jobs"][0]["img_per_s"], preemptions=state.get("preemptions"),
+               first_img_per_s=row["jobs"][0]["img_per_s"],
+               preemptions=None if None in preemptions else sum(preemptions),
                **sampler.report(), all_full_length=all(j["all_full_length"] for j in row["jobs"]),
                third_img_per_s=third["img_per_s"] if third else None,
                small_first_result_s=third.get("small", {}).get("first_s") if third else None,
@@ -377,6 +409,10 @@ def main() -> None:
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
     w.add_argument("--api-servers", type=int, default=None,
                    help="--server: engine.api_servers (default: one per 4 host cores, 1 to 4)")
+    w.add_argument("--chunk-size", type=int, default=32,
+                   help="queue.chunk_size: images per message (smaller splits a 200-page set more evenly)")
+    w.add_argument("--workers", type=int, default=1,
+                   help="workers (engines) on this GPU, each with 1/N of --cap-gb (engine.engines_per_gpu)")
     w.add_argument("--vision-group-patches", type=int, default=0,
                    help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
     r = sub.add_parser("report")

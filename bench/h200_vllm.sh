@@ -27,6 +27,9 @@
 #   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
 #   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
 #   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
+#   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
+#   bash bench/h200_vllm.sh single     # one engine, chunks of 16 (the pair's reference)
+#   bash bench/h200_vllm.sh trio       # three engines, 8 GiB each
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
@@ -214,6 +217,15 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
     row ${SEEDS_S:-265} vllm-seeds plain --max-num-seqs 8
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
+  pair)  # engine.engines_per_gpu 2: two workers on the one GPU, 12 GiB each (the 24 GiB budget
+    # split), the second started once the first is ready, as `ocrq up --gpus` does; chunks of 16
+    # so that a 200-page set splits evenly. Then the one-engine row beside it (CHUNK=16 too)
+    row 450 ocrq-vllm-x2 worker --max-num-batched-tokens 65536 --workers 2 --chunk-size 16
+    [ "${SINGLE:-1}" = 1 ] && row 300 ocrq-vllm-c16 worker --max-num-batched-tokens 65536 --chunk-size 16 ;;
+  single)
+    row 300 ocrq-vllm-c16 worker --max-num-batched-tokens 65536 --chunk-size 16 ;;
+  trio)  # three engines, 8 GiB each
+    row 500 ocrq-vllm-x3 worker --max-num-batched-tokens 65536 --workers 3 --chunk-size 16 ;;
   verify)  # one job on a fresh worker: the first job is where the pressure rule used to collapse batches
     row 200 ocrq-vllm-first worker --jobs 1 --max-num-batched-tokens 65536 ;;
   preempt)

@@ -1,10 +1,12 @@
 """Which GPUs this host has, and the worker processes ``ocrq up --gpus`` starts on them.
 
-One worker per GPU: each sees only its own GPU (``CUDA_VISIBLE_DEVICES`` = that GPU's UUID, exact
-whatever order CUDA would number devices in), is named ``gpu{index}@{host}`` (nvidia-smi's index)
-and serves its metrics on ``metrics_port + index``, so workers on one host never collide and a
-GPU keeps its port when others are left out. The plan is plain data (``WorkerPlan``): the stack
-spawns it, and tests check it on a machine without a GPU.
+One worker per GPU (``engine.engines_per_gpu`` of them with the vllm engine, each with its share of
+the GPU's budget: vLLM's engine core is one CPU thread, the bound on an H200). Each sees only its
+own GPU (``CUDA_VISIBLE_DEVICES`` = that GPU's UUID, exact whatever order CUDA would number devices
+in), is named ``gpu{index}@{host}`` (nvidia-smi's index; ``gpu{index}.{k}@{host}`` for the k-th
+engine sharing it) and serves its metrics on a port of its own, so workers on one host never
+collide and a GPU keeps its port when others are left out. The plan is plain data
+(``WorkerPlan``): the stack spawns it, and tests check it on a machine without a GPU.
 
 NVML (nvidia-ml-py) is imported lazily; no library, no driver or no device reads as an empty list,
 and selecting from an empty list says so.
@@ -45,6 +47,9 @@ class WorkerPlan:
     env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0
     gpu: Gpu | None = None
+    #: a worker on the same GPU that must be ready before this one starts: an engine sizes its
+    #: KV cache from what the GPU has free, so two must not profile memory at once
+    after: WorkerPlan | None = None
 
 
 def _text(value: Any) -> str:
@@ -105,22 +110,50 @@ def select_gpus(spec: str, gpus: list[Gpu]) -> list[Gpu]:
     return picked
 
 
+def share_env(settings: Settings, share: int) -> dict[str, str]:
+    """Settings (as environment) that give a worker 1/``share`` of its GPU's budget: the engine's
+    utilization and any memory cap, divided. Empty for a GPU of its own."""
+    if share == 1:
+        return {}
+    # floor at vLLM's 4 decimals: the shares never add up to more than the whole
+    env = {"OCRQ_ENGINE__GPU_MEMORY_UTILIZATION": f"{int(settings.engine.gpu_memory_utilization / share * 1e4) / 1e4}"}
+    if settings.batch.memory_cap_bytes:
+        env["OCRQ_BATCH__MEMORY_CAP_BYTES"] = str(settings.batch.memory_cap_bytes // share)
+    if settings.engine.memory_cap_bytes:
+        env["OCRQ_ENGINE__MEMORY_CAP_BYTES"] = str(settings.engine.memory_cap_bytes // share)
+    return env
+
+
 def plan_gpu_workers(settings: Settings, gpus: list[Gpu], host: str) -> list[WorkerPlan]:
-    """One worker per GPU. Raises ValueError when the configured engine does not use a GPU."""
+    """One worker per GPU, or ``engine.engines_per_gpu`` (vllm), all first ones first: ``gpu0@host``,
+    then ``gpu0.1@host`` … Raises ValueError when the configured engine does not use a GPU, or
+    shares one and is not vllm."""
     if settings.engine.kind in CPU_ENGINES:
         raise ValueError(f"--gpus: engine.kind is {settings.engine.kind}, which does not run on a local GPU; "
                          "use a GPU profile, e.g. --config configs/gpu-vllm.yaml")
-    plans = []
-    for gpu in gpus:
-        port = settings.metrics_port + gpu.index if settings.metrics_port else 0
-        env = {
-            "CUDA_VISIBLE_DEVICES": gpu.uuid,
-            # indices in anything the worker prints or reads mean nvidia-smi's (NVML's) order
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "OCRQ_METRICS_PORT": str(port),
-        }
-        plans.append(WorkerPlan(service=f"worker-gpu{gpu.index}", node=f"gpu{gpu.index}@{host}", env=env,
-                                metrics_port=port, gpu=gpu))
+    per_gpu = settings.engine.engines_per_gpu
+    if per_gpu > 1 and settings.engine.kind != "vllm":
+        # the transformers governor plans against the GPU's free memory, which a second process
+        # changes under it; vLLM claims its share once, at start
+        raise ValueError(f"engine.engines_per_gpu is {per_gpu}: sharing a GPU needs engine.kind vllm "
+                         f"(this profile has {settings.engine.kind})")
+    share = share_env(settings, per_gpu)
+    plans: list[WorkerPlan] = []
+    for k in range(per_gpu):
+        for gpu in gpus:
+            # stable per GPU whatever others are left out
+            port = settings.metrics_port + gpu.index * per_gpu + k if settings.metrics_port else 0
+            env = {
+                "CUDA_VISIBLE_DEVICES": gpu.uuid,
+                # indices in anything the worker prints or reads mean nvidia-smi's (NVML's) order
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "OCRQ_METRICS_PORT": str(port),
+                **share,
+            }
+            suffix = f".{k}" if k else ""
+            plan = WorkerPlan(service=f"worker-gpu{gpu.index}{suffix}", node=f"gpu{gpu.index}{suffix}@{host}",
+                              env=env, metrics_port=port, gpu=gpu, after=plans[-len(gpus)] if k else None)
+            plans.append(plan)
     return plans
 
 

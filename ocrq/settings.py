@@ -149,6 +149,11 @@ class EngineSettings(BaseModel):
     #: page; bf16 rounding may then depend on the group. On the H200: 2-11 % more img/s
     #: (worker/engines/vllm_vision.py, docs/gpu.md; 16384 fits a 2048×1536 page)
     vision_group_patches: int = Field(default=0, ge=0)
+    #: vllm, ``ocrq up --gpus``: workers (each its own engine) per GPU, each with 1/N of the GPU's
+    #: budget (utilization and memory caps divided). vLLM's engine core runs on one CPU thread and
+    #: leaves the GPU idle while it launches kernels; a second engine fills those gaps
+    #: (docs/bench/gpu-vllm.md)
+    engines_per_gpu: int = Field(default=1, ge=1, le=8)
     #: vllm-server launched by ocrq: API processes in front of its one engine core
     #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone
     #: bounds the server at its GIL. Each holds ~3.7 GB of host memory (H200 rows, top's RES).

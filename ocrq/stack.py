@@ -202,6 +202,8 @@ class Stack:
             gpu = f", GPU {plan.gpu.index} ({plan.gpu.uuid})" if plan.gpu else ""
             metrics = f", metrics :{plan.metrics_port}" if plan.metrics_port else ""
             if not self.pid(plan.service):
+                if plan.after is not None:  # its GPU's earlier engine has sized its memory first
+                    self.wait_worker(plan.after.node, wait, plan.after.service)
                 # a state key left by a worker of the same name that died < 60 s ago is not readiness
                 redis.Redis.from_url(url).delete(keys.worker_state(plan.node))
                 self._spawn(plan.service, [sys.executable, "-m", "ocrq_cli", "worker", "--name", plan.node],

@@ -191,3 +191,44 @@ def test_governed_windows_split_a_job_evenly(redis_url: str, redis_client: Any, 
     # poll took what its warm governor asked for
     assert set(by_worker) == {f"gpu0@{host}", f"gpu1@{host}"}, by_worker
     assert max(by_worker.values()) <= 0.57 * IMAGES, by_worker
+
+
+def test_a_gpus_second_engine_starts_once_its_first_is_ready(redis_url: str, redis_client: Any, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the plan `engine.engines_per_gpu: 2` makes for one GPU (vllm there; the simulated engine
+    # here, which ignores the device: the stack's ordering is what is under test)
+    for name, value in {
+        "OCRQ_REDIS__URL": redis_url, "OCRQ_VAR_DIR": str(tmp_path / "var"),
+        "OCRQ_STORE__KIND": "local", "OCRQ_STORE__PATH": str(tmp_path / "store"),
+        "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(tmp_path)]), "OCRQ_ENGINE__KIND": "simulated",
+        "OCRQ_METRICS_PORT": "0", "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:test",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("OCRQ_CONFIG", raising=False)
+    host = socket.gethostname()
+    gpu = Gpu(0, "GPU-00000000-test-0000-0000-000000000000")
+    vllm = Settings(engine={"kind": "vllm", "engines_per_gpu": 2}, metrics_port=0)
+    plans = plan_gpu_workers(vllm, [gpu], host)
+    assert [p.node for p in plans] == [f"gpu0@{host}", f"gpu0.1@{host}"]
+    stack = Stack(Settings())
+    spawned: dict[str, bool] = {}
+    spawn = stack._spawn
+
+    def spawn_and_note(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        # was the GPU's first worker ready (its state published) when this one was spawned?
+        spawned[name] = bool(redis_client.exists(keys.worker_state(f"gpu0@{host}")))
+        return spawn(name, argv, env)
+
+    monkeypatch.setattr(stack, "_spawn", spawn_and_note)
+    try:
+        # When `ocrq up --gpus 0` starts the plan
+        status = stack.up(wait=180, workers=plans)
+        # Then the second engine was spawned only after the first had published its state, with
+        # half the utilization, and both are up
+        assert spawned == {"worker-gpu0": False, "worker-gpu0.1": True, "flower": True}, spawned
+        assert "OCRQ_ENGINE__GPU_MEMORY_UTILIZATION=0.425" in " ".join(f"{k}={v}" for k, v in plans[1].env.items())
+        assert {"worker-gpu0", "worker-gpu0.1"} <= set(status), status
+        assert redis_client.exists(keys.worker_state(f"gpu0.1@{host}"))
+    finally:
+        stopped = stack.down()
+    assert stopped["worker-gpu0.1"].startswith("stopped"), stopped

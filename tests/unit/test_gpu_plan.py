@@ -80,6 +80,36 @@ def test_plan_one_worker_per_gpu() -> None:
     assert embedded_worker(settings, "h1").node == "embedded@h1"
 
 
+def test_plan_two_engines_per_gpu_share_each_budget_and_start_one_after_another() -> None:
+    settings = Settings(engine={"kind": "vllm", "engines_per_gpu": 2, "gpu_memory_utilization": 0.85},
+                        batch={"memory_cap_bytes": 24 * GiB + 1})
+    plans = plan_gpu_workers(settings, TWO, "h1")
+    # every GPU's first engine first (they start at once), then the second ones
+    assert [p.node for p in plans] == ["gpu0@h1", "gpu1@h1", "gpu0.1@h1", "gpu1.1@h1"]
+    assert [p.service for p in plans] == ["worker-gpu0", "worker-gpu1", "worker-gpu0.1", "worker-gpu1.1"]
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == [UUID0, UUID1, UUID0, UUID1]
+    # a second engine waits for its own GPU's first one (which sizes its KV cache from free memory)
+    assert [p.after.node if p.after else None for p in plans] == [None, None, "gpu0@h1", "gpu1@h1"]
+    # each gets half, never more: the halves add up to at most the whole
+    for p in plans:
+        assert p.env["OCRQ_ENGINE__GPU_MEMORY_UTILIZATION"] == "0.425"
+        assert p.env["OCRQ_BATCH__MEMORY_CAP_BYTES"] == str(12 * GiB)
+        assert "OCRQ_ENGINE__MEMORY_CAP_BYTES" not in p.env
+    # ports stay distinct and stable per GPU: GPU 1's pair is the same alone
+    assert [p.metrics_port for p in plans] == [9809, 9811, 9810, 9812]
+    assert [p.metrics_port for p in plan_gpu_workers(settings, TWO[1:], "h1")] == [9811, 9812]
+    three = Settings(engine={"kind": "vllm", "engines_per_gpu": 3, "gpu_memory_utilization": 0.9,
+                             "memory_cap_bytes": 10})
+    env = plan_gpu_workers(three, TWO[:1], "h1")[2].env
+    assert env["OCRQ_ENGINE__GPU_MEMORY_UTILIZATION"] == "0.3" and env["OCRQ_ENGINE__MEMORY_CAP_BYTES"] == "3"
+
+
+@pytest.mark.parametrize("kind", ["transformers", "simulated"])
+def test_plan_shares_a_gpu_only_with_vllm(kind: str) -> None:
+    with pytest.raises(ValueError, match=f"sharing a GPU needs engine.kind vllm \\(this profile has {kind}\\)"):
+        plan_gpu_workers(Settings(engine={"kind": kind, "engines_per_gpu": 2}), TWO, "h1")
+
+
 @pytest.mark.parametrize("kind", ["rapidocr", "vllm-server"])
 def test_plan_refuses_engines_without_a_local_gpu(kind: str) -> None:
     with pytest.raises(ValueError, match=f"engine.kind is {kind}"):
