@@ -283,7 +283,7 @@ def worker(args: argparse.Namespace) -> None:
     from bench.gpu_worker import run_job
     from bench.services import free_port, start_redis, start_worker, stop
     from ocrq import keys  # noqa: F401  (run_job reads the worker state through it)
-    from ocrq.gpus import share_env
+    from ocrq.gpus import mps_running, share_env
     from ocrq.settings import Settings
     from producer.client import Client
 
@@ -346,7 +346,7 @@ def worker(args: argparse.Namespace) -> None:
             procs.append(start_worker({**env, **share}, name, args.work / f"{args.name}-{name}-worker.log"
                                       if k else args.work / f"{args.name}-worker.log", redis_url, timeout=600,
                                       concurrency=8))
-        row.update(workers=args.workers, chunk_size=args.chunk_size)
+        row.update(workers=args.workers, chunk_size=args.chunk_size, mps=mps_running(os.environ))
         row["worker_ready_s"] = round(time.perf_counter() - t0, 1)
         settings = Settings(redis={"url": redis_url}, store={"kind": "local", "path": store},
                             limits={"allowed_roots": [args.work]}, queue={"chunk_size": args.chunk_size})

@@ -28,6 +28,7 @@
 #   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
 #   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
+#   bash bench/h200_vllm.sh pair-mps   # the pair under NVIDIA MPS (kernels of both engines at once)
 #   bash bench/h200_vllm.sh single     # one engine, chunks of 16 (the pair's reference)
 #   bash bench/h200_vllm.sh trio       # three engines, 8 GiB each
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
@@ -222,6 +223,16 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     # so that a 200-page set splits evenly. Then the one-engine row beside it (CHUNK=16 too)
     row 450 ocrq-vllm-x2 worker --max-num-batched-tokens 65536 --workers 2 --chunk-size 16
     [ "${SINGLE:-1}" = 1 ] && row 300 ocrq-vllm-c16 worker --max-num-batched-tokens 65536 --chunk-size 16 ;;
+  pair-mps)  # the pair under NVIDIA MPS: without it two processes time-slice the GPU (no kernel of one
+    # runs beside the other's); the daemon lives in /tmp for this command only and quits after the row
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+      echo "[mps] daemon started"
+      row 450 ocrq-vllm-x2-mps worker --max-num-batched-tokens 65536 --workers 2 --chunk-size 16
+      echo "[mps] servers: $(echo get_server_list | nvidia-cuda-mps-control)"
+      echo quit | nvidia-cuda-mps-control; cp -r $CUDA_MPS_LOG_DIRECTORY "$OUT/mps-log"
+    else echo "[mps] no nvidia-cuda-mps-control here: $(ls /usr/bin/nvidia* 2>/dev/null | tr '\n' ' ')"; fi ;;
   single)
     row 300 ocrq-vllm-c16 worker --max-num-batched-tokens 65536 --chunk-size 16 ;;
   trio)  # three engines, 8 GiB each

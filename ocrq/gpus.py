@@ -1,7 +1,8 @@
 """Which GPUs this host has, and the worker processes ``ocrq up --gpus`` starts on them.
 
 One worker per GPU (``engine.engines_per_gpu`` of them with the vllm engine, each with its share of
-the GPU's budget: vLLM's engine core is one CPU thread, the bound on an H200). Each sees only its
+the GPU's budget: vLLM's engine core is one CPU thread, the bound on an H200; the engines only run
+at once under NVIDIA MPS, see ``sharing_note``). Each sees only its
 own GPU (``CUDA_VISIBLE_DEVICES`` = that GPU's UUID, exact whatever order CUDA would number devices
 in), is named ``gpu{index}@{host}`` (nvidia-smi's index; ``gpu{index}.{k}@{host}`` for the k-th
 engine sharing it) and serves its metrics on a port of its own, so workers on one host never
@@ -15,12 +16,17 @@ and selecting from an empty list says so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ocrq.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: where NVIDIA's MPS control daemon makes its pipes unless ``CUDA_MPS_PIPE_DIRECTORY`` says otherwise
+MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
 
 #: engines that do not run on a local GPU: one worker per GPU would only multiply CPU work
 CPU_ENGINES = ("rapidocr", "vllm-server")
@@ -122,6 +128,24 @@ def share_env(settings: Settings, share: int) -> dict[str, str]:
     if settings.engine.memory_cap_bytes:
         env["OCRQ_ENGINE__MEMORY_CAP_BYTES"] = str(settings.engine.memory_cap_bytes // share)
     return env
+
+
+def mps_running(environ: Mapping[str, str]) -> bool:
+    """Whether an MPS control daemon listens where CUDA clients started with ``environ`` look."""
+    return (Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT) / "control").exists()
+
+
+def sharing_note(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """A warning for engines sharing a GPU without MPS: processes then take turns on the GPU (no
+    kernel of one runs beside the other's). On the H200 two engines gave 0.84x of the pair under
+    MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md)."""
+    per_gpu = settings.engine.engines_per_gpu
+    if per_gpu == 1 or mps_running(environ):
+        return None
+    return (f"engine.engines_per_gpu is {per_gpu} and no MPS daemon answers "
+            f"({Path(environ.get('CUDA_MPS_PIPE_DIRECTORY') or MPS_PIPE_DEFAULT) / 'control'} is missing): "
+            "the engines will take turns on each GPU, slower than one engine; start "
+            "`nvidia-cuda-mps-control -d` first (docs/gpu.md, Several engines on one GPU)")
 
 
 def plan_gpu_workers(settings: Settings, gpus: list[Gpu], host: str) -> list[WorkerPlan]:

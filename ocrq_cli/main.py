@@ -68,9 +68,10 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
                                                   "(with a GPU profile, e.g. --config configs/gpu-vllm.yaml)"),
        ) -> None:
     """Start the embedded stack in the background (state under ./var/)."""
+    import os
     import socket
 
-    from ocrq.gpus import list_gpus, plan_gpu_workers, select_gpus
+    from ocrq.gpus import list_gpus, plan_gpu_workers, select_gpus, sharing_note
     from ocrq.stack import Stack, StackConflict
 
     settings = _settings()
@@ -81,6 +82,9 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
         except ValueError as exc:
             console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(code=2) from exc
+        note = sharing_note(settings, os.environ)
+        if note:
+            console.print(f"[yellow]{escape(note)}[/]")
     try:
         status = Stack(settings, allow=allow).up(wait=wait, workers=workers)
     except StackConflict as exc:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ocrq.gpus import Gpu, embedded_worker, list_gpus, plan_gpu_workers, select_gpus
+from ocrq.gpus import Gpu, embedded_worker, list_gpus, mps_running, plan_gpu_workers, select_gpus, sharing_note
 from ocrq.settings import Settings
 from ocrq_cli.main import app
 from tests.fakes.fake_nvml import FakePynvmlModule
@@ -162,3 +162,33 @@ def test_up_gpus_hands_the_stack_one_worker_per_gpu(cli_env: Path, monkeypatch: 
     assert result.exit_code == 0, result.output
     assert [(w.node.split("@")[0], w.env["CUDA_VISIBLE_DEVICES"], w.metrics_port) for w in seen["workers"]] == [
         ("gpu0", UUID0, 9809), ("gpu1", UUID1, 9810)]
+
+
+def test_sharing_a_gpu_without_mps_is_warned_and_with_it_not(tmp_path: Path) -> None:
+    two = Settings(engine={"kind": "vllm", "engines_per_gpu": 2})
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    assert not mps_running(env)
+    note = sharing_note(two, env)
+    assert note is not None and "take turns" in note and str(tmp_path / "control") in note
+    (tmp_path / "control").touch()  # the daemon's control pipe (a FIFO there; its presence is the test)
+    assert mps_running(env) and sharing_note(two, env) is None
+    assert sharing_note(Settings(engine={"kind": "vllm"}), {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "x")}) is None
+
+
+def test_up_gpus_warns_when_engines_share_a_gpu_without_mps(cli_env: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_two())
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "vllm")
+    monkeypatch.setenv("OCRQ_ENGINE__ENGINES_PER_GPU", "2")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps"))
+    seen: dict[str, Any] = {}
+
+    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:  # no processes here
+        seen["workers"] = workers
+        return {}
+
+    monkeypatch.setattr("ocrq.stack.Stack.up", fake_up)
+    result = CliRunner().invoke(app, ["up", "--gpus", "all"])
+    assert result.exit_code == 0, result.output
+    assert "no MPS daemon answers" in " ".join(result.output.split())
+    assert [w.node.split("@")[0] for w in seen["workers"]] == ["gpu0", "gpu1", "gpu0.1", "gpu1.1"]
