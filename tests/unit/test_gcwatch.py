@@ -23,7 +23,8 @@ def test_freeze_moves_live_objects_out_of_the_collectors_reach() -> None:
     try:
         frozen = gcwatch.freeze()
         assert frozen >= len(keep)
-        assert gc.get_freeze_count() == frozen
+        # frozen objects can still die (a thread left by an earlier test frees one), none join
+        assert len(keep) <= gc.get_freeze_count() <= frozen
         assert gcwatch.snapshot()["frozen"] == frozen
     finally:
         gc.unfreeze()
