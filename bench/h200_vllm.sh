@@ -16,6 +16,7 @@
 #   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
+#   bash bench/h200_vllm.sh ratio-ab   # the same, the worker on this code, on the code before .ab/new.patch, and with a 1500 ms intake wait
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
 #   bash bench/h200_vllm.sh server1    # the same with one API process
@@ -249,6 +250,22 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     grep "'mode': 'governor'" "$OUT/gpu-governor.log" | cut -c1-400
     timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] gpu_worker rc=$?"; tail -c 700 "$OUT/rows/gpu_worker.json" ;;
+  ratio-ab)  # issue 12 §2 A/B in one command: the in-process governor, then the real worker on this
+    # code, on the code before .ab/new.patch (applied in reverse to a copy), and on this code with
+    # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm
+    mkdir -p "$OUT/rows"
+    timeout 200 python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
+      --out "$OUT/rows/gpu_governor.json" > "$OUT/gpu-governor.log" 2>&1; echo "[row] gpu_governor rc=$?"
+    grep "'mode': 'governor'" "$OUT/gpu-governor.log" | cut -c1-300
+    ab() {  # ab NAME DIR: bench.gpu_worker from DIR's code
+      (cd "$2" && PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:$2 timeout 200 python3 -m bench.gpu_worker \
+        --out "$OUT/rows/$1.json" --work $WORK > "$OUT/$1.log" 2>&1); echo "[row] $1 rc=$?"
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/$1.json"
+    }
+    ab gpu_worker "$PWD"
+    rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
+      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") && ab gpu_worker_old /tmp/old-tree
+    OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500 "$PWD" ;;
   gpu-tests)
     timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
       --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;

@@ -270,7 +270,9 @@ class EngineLoop(OomRecovery):
                     continue
                 if not self._stopping:
                     wait = self._linger(time.monotonic())
-                    if wait > 0 and not self.governor.full(costs, free_bytes=free, inflight=running):
+                    coming = bool(self._incoming) and not self._running
+                    if wait > 0 and not self.governor.full(costs, free_bytes=free, inflight=running,
+                                                           more_coming=coming):
                         self._cond.wait(wait)
                         continue
                 return self._take(costs, free, running)

@@ -228,12 +228,21 @@ class Governor:
             return chosen
 
     def full(self, pending: Sequence[ImageCost], *, free_bytes: int | None = None,
-             inflight: Sequence[ImageCost] = ()) -> bool:
+             inflight: Sequence[ImageCost] = (), more_coming: bool = False) -> bool:
         """Whether the next batch is as big as it can get (it would leave images behind, or
-        holds the count limit): no point lingering for more."""
+        holds the count limit): no point lingering for more.
+
+        ``more_coming``: images are on their way (announced, still decoding). A padded engine's
+        plan leaves pages of another size behind long before its memory is full (the packer
+        keeps a batch homogeneous), so only the count limit makes it final then: pages like the
+        chosen ones may still join (docs/bench/gpu-worker.md, fifteenth session)."""
         with self._lock:
             chosen = self._select(pending, free_bytes, None, inflight)
-            return len(chosen) < len(pending) or len(chosen) >= self._batch_cap()
+            if len(chosen) >= self._batch_cap():
+                return True
+            if more_coming and self.profile.padded:
+                return False
+            return len(chosen) < len(pending)
 
     def admits(self, first: ImageCost, *, inflight: Sequence[ImageCost] = ()) -> bool:
         """Whether ``first`` fits next to the batches in flight (always, with none in flight)."""

@@ -443,6 +443,28 @@ def test_an_idle_engine_waits_for_the_chunks_still_being_decoded(loops: list[Eng
     assert loop.state()["incoming"] == 0
 
 
+def test_a_padded_engine_waits_for_pages_like_its_batch_while_others_are_left_behind(
+    loops: list[EngineLoop],
+) -> None:
+    # Given a padded engine (a batch costs n x its longest page) with room for ~30 small pages,
+    # and a worker holding two chunks: the first decoded (8 small pages, then 1 large one that
+    # does not fit beside them), the second (8 small pages) still decoding
+    engine = sim(capacity_images=40, padded=True)
+    loop = intake_loop(loops, engine, intake_wait_s=5.0)
+    second = loop.expecting(8)
+    with loop.expecting(9):
+        first = loop.submit_many([req(i) for i in range(8)] + [req(8, (512, 512))])
+    time.sleep(0.3)
+    # Then leaving the large page behind does not make the plan final while small pages are coming
+    assert engine.batches == []
+    # When they arrive: one batch of the 16 small pages, then the large one (the old loop ran
+    # 8 at once because the plan left the large page behind, then 8, then 1)
+    rest = loop.submit_many([req(i) for i in range(9, 17)])
+    second.close()
+    assert all(isinstance(outcome(f), OcrOutput) for f in first + rest)
+    assert [len(b) for b in engine.batches] == [16, 1]
+
+
 def test_the_wait_for_intake_is_bounded_and_a_full_batch_does_not_wait(loops: list[EngineLoop]) -> None:
     # Given a chunk announced that never arrives (its fetch hangs)
     engine = sim()
