@@ -11,7 +11,7 @@
 #   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
 #   bash bench/h200_vllm.sh rerun      # ocrq-vllm, then ocrq-transformers (bench.gpu_worker)
 #   bash bench/h200_vllm.sh gpu-tests  # tests/gpu/test_vllm_gpu.py (full size, bf16, CUDA graphs)
-#   bash bench/h200_vllm.sh all-tests  # the vllm tier and tests/gpu at once (correctness only: they share the GPU)
+#   bash bench/h200_vllm.sh all-tests  # the vllm tier, then tests/gpu (~430 s)
 #   bash bench/h200_vllm.sh profile    # bench.gpu_vllm_profile at max_num_batched_tokens 16384 and 65536
 #   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
@@ -167,13 +167,13 @@ case $step in
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
   bench-c)
     row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
-  all-tests)
-    timeout 470 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
-      --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1 &
-    timeout 470 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
+  all-tests)  # one after the other (fifteenth session: 154 s + 274 s): beside tests/gpu's real CUDA OOM
+    # (~115 GiB held) the tier's render-herd test found the card full and failed TooLargeForDevice
+    timeout 220 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
+      --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1
+    timeout 330 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
       --ignore=tests/gpu/test_vllm_groups_gpu.py \
       --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
-    wait
     for f in vllm-tier gpu-tests; do echo "== $f"; grep -E "passed|failed|^FAILED|^ERROR|Error:|assert " "$OUT/$f.log" | tail -12; done ;;
   profile)
     row 300 prof-16k profile --kernels

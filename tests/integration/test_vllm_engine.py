@@ -279,7 +279,7 @@ def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, mon
     assert vllm_vision.stats["largest_group"] == 3
     original_block = vllm_vision._block
     monkeypatch.setattr(vllm_vision, "_block", lambda layer, x, cu, longest: original_block(
-        layer, x, torch.tensor([0, x.size(1)], dtype=torch.int32), torch.tensor(x.size(1))))
+        layer, x, torch.tensor([0, x.size(1)], dtype=torch.int32, device=x.device), torch.tensor(x.size(1))))
     leaking = engine._llm.collective_rpc(tower_outputs)[0]
     print(f"\ngrouped vs loop {worst(grouped, looped):.2e}, without boundaries {worst(leaking, looped):.2e}")
     assert worst(grouped, looped) <= 1e-5
