@@ -380,6 +380,24 @@ def test_a_mixed_window_is_held_by_its_mean_page_not_its_largest() -> None:
     assert gov.desired_backlog() >= 1.5 * 2 * int(room // 4000)  # the old count: room / largest
 
 
+def test_a_padded_plan_that_leaves_other_sizes_behind_is_final_only_at_the_count_limit_while_pages_come() -> None:
+    """The H200 worker's first warm batch stopped at 45 pages: the packer kept the small pages
+    and left the large ones behind, which ``full`` read as "no point waiting", while more small
+    pages were still decoding (docs/bench/gpu-worker.md, fifteenth session)."""
+    padded = ModelProfile("test", weight_bytes=2 * GB, kv_bytes_per_token=80_000, act_bytes_per_token=20_000.0,
+                          padded=True)
+    gov = calibrated(Governor(padded, capacity_bytes=24 * GB, max_size=64, initial_size=64))
+    window = [c(1000)] * 60 + [c(4000)] * 3  # 61 padded to 4,000 tokens would not fit
+    assert len(gov.plan(window)) == 60  # the small pages only: the large ones wait
+    assert gov.full(window)
+    assert not gov.full(window, more_coming=True)
+    assert gov.full([c(1000)] * 64 + [c(4000)], more_coming=True)  # the count limit is final
+    # an unpadded engine leaves images behind only when its room is used up: final either way
+    flat = calibrated(Governor(PROFILE, capacity_bytes=3 * GB, max_size=64, initial_size=64))
+    many = [c(1000)] * 40
+    assert len(flat.plan(many)) < 40 and flat.full(many, more_coming=True)
+
+
 def test_state_reports_prediction_against_measurement() -> None:
     gov = governor(initial_size=16)
     batch = [c(1000)] * 10
