@@ -252,7 +252,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] gpu_worker rc=$?"; tail -c 700 "$OUT/rows/gpu_worker.json" ;;
   ratio-ab)  # issue 12 §2 A/B in one command: the in-process governor, then the real worker on this
     # code, on the code before .ab/new.patch (applied in reverse to a copy), and on this code with
-    # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm
+    # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm.
+    # The patch is made here (`git diff OLD -- worker ocrq > .ab/new.patch`) and carried (.ab)
     mkdir -p "$OUT/rows"
     timeout 200 python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
       --out "$OUT/rows/gpu_governor.json" > "$OUT/gpu-governor.log" 2>&1; echo "[row] gpu_governor rc=$?"
@@ -263,7 +264,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/$1.json"
     }
     ab gpu_worker "$PWD"
-    rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
+    [ -f .ab/new.patch ] || echo "[row] gpu_worker_old skipped: no .ab/new.patch carried"
+    [ -f .ab/new.patch ] && rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
       && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") && ab gpu_worker_old /tmp/old-tree
     OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500 "$PWD" ;;
   gpu-tests)
