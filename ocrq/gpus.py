@@ -130,20 +130,25 @@ def share_env(settings: Settings, share: int) -> dict[str, str]:
     return env
 
 
+def _mps_control(environ: Mapping[str, str]) -> Path:
+    """The MPS control pipe CUDA clients started with ``environ`` look for."""
+    return Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT) / "control"
+
+
 def mps_running(environ: Mapping[str, str]) -> bool:
     """Whether an MPS control daemon listens where CUDA clients started with ``environ`` look."""
-    return (Path(environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DEFAULT) / "control").exists()
+    return _mps_control(environ).exists()
 
 
 def sharing_note(settings: Settings, environ: Mapping[str, str]) -> str | None:
     """A warning for engines sharing a GPU without MPS: processes then take turns on the GPU (no
     kernel of one runs beside the other's). On the H200 two engines gave 0.84x of the pair under
-    MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md)."""
+    MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md), itself 1.01x one engine in one lease."""
     per_gpu = settings.engine.engines_per_gpu
     if per_gpu == 1 or mps_running(environ):
         return None
     return (f"engine.engines_per_gpu is {per_gpu} and no MPS daemon answers "
-            f"({Path(environ.get('CUDA_MPS_PIPE_DIRECTORY') or MPS_PIPE_DEFAULT) / 'control'} is missing): "
+            f"({_mps_control(environ)} is missing): "
             "the engines will take turns on each GPU, slower than one engine; start "
             "`nvidia-cuda-mps-control -d` first (docs/gpu.md, Several engines on one GPU)")
 

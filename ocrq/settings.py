@@ -151,9 +151,9 @@ class EngineSettings(BaseModel):
     vision_group_patches: int = Field(default=0, ge=0)
     #: vllm, ``ocrq up --gpus``: workers (each its own engine) per GPU, each with 1/N of the GPU's
     #: budget (utilization and memory caps divided). vLLM's engine core runs on one CPU thread and
-    #: leaves the GPU idle while it launches kernels; a second engine fills those gaps only under
-    #: NVIDIA MPS (H200, 24 GiB: 17.71 img/s for two under MPS, 14.80 without, 16.52 for one;
-    #: docs/bench/gpu-vllm.md)
+    #: leaves the GPU idle while it launches kernels; a second engine can fill those gaps only under
+    #: NVIDIA MPS. H200, 24 GiB, one lease: 15.49 img/s for two under MPS against 15.27 for one
+    #: (another session: 14.80 for two without MPS). No gain measured: default 1 (docs/bench/gpu-vllm.md)
     engines_per_gpu: int = Field(default=1, ge=1, le=8)
     #: vllm-server launched by ocrq: API processes in front of its one engine core
     #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone

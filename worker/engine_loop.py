@@ -270,9 +270,8 @@ class EngineLoop(OomRecovery):
                     continue
                 if not self._stopping:
                     wait = self._linger(time.monotonic())
-                    coming = bool(self._incoming) and not self._running
                     if wait > 0 and not self.governor.full(costs, free_bytes=free, inflight=running,
-                                                           more_coming=coming):
+                                                           more_coming=self._awaiting_intake()):
                         self._cond.wait(wait)
                         continue
                 return self._take(costs, free, running)
@@ -283,10 +282,14 @@ class EngineLoop(OomRecovery):
         ``intake_wait_s`` after it became free or the oldest arrived, whichever is later."""
         oldest = self._pending[0].enqueued
         wait = oldest + self.linger_s - now
-        if self._incoming and not self._running:
+        if self._awaiting_intake():
             ready = max(oldest, self._time.idle_since or oldest)
             wait = max(wait, ready + self.intake_wait_s - now)
         return wait
+
+    def _awaiting_intake(self) -> bool:
+        """An idle engine with images announced and still being decoded (caller holds the lock)."""
+        return bool(self._incoming) and not self._running
 
     def _take(self, costs: list[ImageCost], free: int | None, running: list[ImageCost]) -> list[QueuedImage]:
         """Move the planned images from pending to in-flight (caller holds the lock). The urgent

@@ -148,19 +148,24 @@ def test_up_gpus_validates_against_nvml(cli_env: Path, monkeypatch: pytest.Monke
     assert not cli_env.exists()
 
 
-def test_up_gpus_hands_the_stack_one_worker_per_gpu(cli_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_two())
-    monkeypatch.setenv("OCRQ_ENGINE__KIND", "simulated")
-    seen: dict[str, Any] = {}
+def _up_gpus_all(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
+    """`ocrq up --gpus all` against a fake stack that starts no processes; what it was handed."""
+    seen: list[Any] = []
 
-    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:  # no processes here
-        seen["workers"] = workers
+    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:
+        seen.extend(workers or [])
         return {}
 
     monkeypatch.setattr("ocrq.stack.Stack.up", fake_up)
-    result = CliRunner().invoke(app, ["up", "--gpus", "all"])
+    return CliRunner().invoke(app, ["up", "--gpus", "all"]), seen
+
+
+def test_up_gpus_hands_the_stack_one_worker_per_gpu(cli_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_two())
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "simulated")
+    result, workers = _up_gpus_all(monkeypatch)
     assert result.exit_code == 0, result.output
-    assert [(w.node.split("@")[0], w.env["CUDA_VISIBLE_DEVICES"], w.metrics_port) for w in seen["workers"]] == [
+    assert [(w.node.split("@")[0], w.env["CUDA_VISIBLE_DEVICES"], w.metrics_port) for w in workers] == [
         ("gpu0", UUID0, 9809), ("gpu1", UUID1, 9810)]
 
 
@@ -181,14 +186,7 @@ def test_up_gpus_warns_when_engines_share_a_gpu_without_mps(cli_env: Path, monke
     monkeypatch.setenv("OCRQ_ENGINE__KIND", "vllm")
     monkeypatch.setenv("OCRQ_ENGINE__ENGINES_PER_GPU", "2")
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps"))
-    seen: dict[str, Any] = {}
-
-    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:  # no processes here
-        seen["workers"] = workers
-        return {}
-
-    monkeypatch.setattr("ocrq.stack.Stack.up", fake_up)
-    result = CliRunner().invoke(app, ["up", "--gpus", "all"])
+    result, workers = _up_gpus_all(monkeypatch)
     assert result.exit_code == 0, result.output
     assert "no MPS daemon answers" in " ".join(result.output.split())
-    assert [w.node.split("@")[0] for w in seen["workers"]] == ["gpu0", "gpu1", "gpu0.1", "gpu1.1"]
+    assert [w.node.split("@")[0] for w in workers] == ["gpu0", "gpu1", "gpu0.1", "gpu1.1"]
