@@ -307,7 +307,8 @@ def worker(args: argparse.Namespace) -> None:
            "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": str(args.chunk_size), "OCRQ_METRICS_PORT": "0",
-           "OCRQ_ENGINE__VISION_GROUP_PATCHES": str(args.vision_group_patches)}
+           "OCRQ_ENGINE__VISION_GROUP_PATCHES": str(args.vision_group_patches),
+           "OCRQ_ENGINE__VISION_CUDA_GRAPHS": "true" if args.vision_cuda_graphs else "false"}
     server = None
     sampler = _PeakSampler()
     sampler.start()
@@ -316,7 +317,8 @@ def worker(args: argparse.Namespace) -> None:
                     "VLLM_CPU_KVCACHE_SPACE": "1"})
     row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
                            "concurrent_batches": args.concurrent_batches,
-                           "vision_group_patches": args.vision_group_patches, "jobs": []}
+                           "vision_group_patches": args.vision_group_patches,
+                           "vision_cuda_graphs": args.vision_cuda_graphs, "jobs": []}
     try:
         if args.server:
             from ocrq.settings import EngineSettings
@@ -327,7 +329,8 @@ def worker(args: argparse.Namespace) -> None:
                                 max_num_batched_tokens=args.max_num_batched_tokens,
                                 gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
                                 dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda,
-                                vision_group_patches=args.vision_group_patches, api_servers=args.api_servers)
+                                vision_group_patches=args.vision_group_patches, api_servers=args.api_servers,
+                                vision_cuda_graphs=args.vision_cuda_graphs)
             row.update(api_servers=api_servers(es), image_transport=es.image_transport)
             t0 = time.perf_counter()
             log_file = (args.work / f"{args.name}-server.log").open("wb")
@@ -415,6 +418,8 @@ def main() -> None:
                    help="workers (engines) on this GPU, each with 1/N of --cap-gb (engine.engines_per_gpu)")
     w.add_argument("--vision-group-patches", type=int, default=0,
                    help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
+    w.add_argument("--vision-cuda-graphs", action="store_true",
+                   help="engine.vision_cuda_graphs: the vision tower replayed as CUDA graphs, a page per graph")
     r = sub.add_parser("report")
     r.add_argument("--dirs", type=Path, nargs="+", required=True)
     r.add_argument("--transformers", type=Path, default=None, help="bench.gpu_worker JSON (its warm job)")

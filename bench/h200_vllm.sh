@@ -28,6 +28,9 @@
 #   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
 #   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
 #   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
+#   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
+#   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same lease)
+#   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
 #   bash bench/h200_vllm.sh pair-mps   # the pair under NVIDIA MPS (kernels of both engines at once)
 #   bash bench/h200_vllm.sh single     # one engine, chunks of 16 (the pair's reference)
@@ -172,7 +175,7 @@ case $step in
     timeout 220 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
       --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1
     timeout 330 python3 -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
-      --ignore=tests/gpu/test_vllm_groups_gpu.py \
+      --ignore=tests/gpu/test_vllm_groups_gpu.py --ignore=tests/gpu/test_vllm_graphs_gpu.py \
       --junitxml="$OUT/gpu-tests.xml" > "$OUT/gpu-tests.log" 2>&1
     for f in vllm-tier gpu-tests; do echo "== $f"; grep -E "passed|failed|^FAILED|^ERROR|Error:|assert " "$OUT/$f.log" | tail -12; done ;;
   profile)
@@ -202,6 +205,22 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       --vision-group-patches ${GROUP_PATCHES:-16384}
     timeout 230 python3 -m pytest tests/gpu/test_vllm_groups_gpu.py -m gpu -p no:cacheprovider -q -s \
       --junitxml="$OUT/gpu-groups.xml" 2>&1 | grep -E "grouped|passed|failed|Error" | tail -8 ;;
+  graphs-tests)  # engine.vision_cuda_graphs: its GPU tests (own engine build, the graphs captured)
+    timeout ${TEST_S:-300} python3 -m pytest tests/gpu/test_vllm_graphs_gpu.py -m gpu -p no:cacheprovider -q -s \
+      --junitxml="$OUT/gpu-graphs.xml" > "$OUT/gpu-graphs.log" 2>&1
+    grep -E "encoder-graphs build|budgets|grid |first step|passed|failed|^FAILED|^E |Error" "$OUT/gpu-graphs.log" | tail -30 ;;
+  graphs)  # the tower as CUDA graphs, then vLLM's eager tower, same lease (GRAPHS_FIRST=0: the other order)
+    if [ "${GRAPHS_FIRST:-1}" = 1 ]; then
+      row 300 ocrq-vllm-graphs worker --max-num-batched-tokens 65536 --vision-cuda-graphs
+      row 280 ocrq-vllm-eager worker --max-num-batched-tokens 65536
+    else
+      row 280 ocrq-vllm-eager-b worker --max-num-batched-tokens 65536
+      row 300 ocrq-vllm-graphs-b worker --max-num-batched-tokens 65536 --vision-cuda-graphs
+    fi ;;
+  graph-row)  # one row: the tower as CUDA graphs (NAME=..., DIAG=1 for the engine core's profile)
+    row 300 ${NAME:-ocrq-vllm-graphs} worker --max-num-batched-tokens 65536 --vision-cuda-graphs ;;
+  eager-row)
+    row 280 ${NAME:-ocrq-vllm-eager} worker --max-num-batched-tokens 65536 ;;
   groups-ab)  # the A/B again in the other order, no DIAG: grouped tower, then vLLM's loop
     row 300 ocrq-vllm-groups-b worker --max-num-batched-tokens 65536 --vision-group-patches ${GROUP_PATCHES:-16384}
     row 280 ocrq-vllm-b worker --max-num-batched-tokens 65536 ;;

@@ -149,6 +149,11 @@ class EngineSettings(BaseModel):
     #: page; bf16 rounding may then depend on the group. On the H200: 2-11 % more img/s
     #: (worker/engines/vllm_vision.py, docs/gpu.md; 16384 fits a 2048×1536 page)
     vision_group_patches: int = Field(default=0, ge=0)
+    #: vllm, vllm-server launched by ocrq (CUDA, not with enforce_eager): replay the vision tower
+    #: as CUDA graphs, one page per graph, captured per token budget at engine build (vLLM's encoder
+    #: graphs, given to HunyuanVL by worker/engines/vllm_encoder_graphs.py). A page's graph follows
+    #: from its own size, so its result does not depend on the other pages of a step
+    vision_cuda_graphs: bool = False
     #: vllm, ``ocrq up --gpus``: workers (each its own engine) per GPU, each with 1/N of the GPU's
     #: budget (utilization and memory caps divided). vLLM's engine core runs on one CPU thread and
     #: leaves the GPU idle while it launches kernels; a second engine can fill those gaps only under

@@ -29,6 +29,7 @@ from tests.integration.vllm_support import (
     K,
     assert_batch_invariant,
     compare,
+    encoder_graph_outputs,
     engine_settings,
     flask_proxies_bound,
     make_images,
@@ -284,6 +285,37 @@ def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, mon
     print(f"\ngrouped vs loop {worst(grouped, looped):.2e}, without boundaries {worst(leaking, looped):.2e}")
     assert worst(grouped, looped) <= 1e-5
     assert worst(leaking, looped) > 1e-3
+
+
+def test_the_vision_towers_cuda_graph_path_computes_what_vllms_loop_does(
+        engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.vision_cuda_graphs``: vLLM's encoder-graph manager over the HunyuanVL protocol the
+    plugin installs (replayed eagerly here: no CUDA graphs on a CPU). Each page, padded to its
+    budget's rows, equals vLLM's page-by-page tower (fp32, 1e-5); a page above the largest budget
+    takes vLLM's eager tower. Control: the padding rows attended with the page (no sequence of
+    their own) move the output far past that, so the comparison can see such a leak."""
+    from worker.engines import vllm_encoder_graphs, vllm_vision
+
+    monkeypatch.setenv(vllm_vision.ENV, "0")
+    # tokens 10, 22, 5, 14 fit budgets 16, 24, 8, 16 (one page each); 32 fits none: eager
+    grids, budgets = [[1, 4, 6], [1, 8, 8], [1, 2, 4], [1, 6, 6], [1, 10, 10]], [8, 16, 24]
+
+    def worst(out: dict[str, Any]) -> float:
+        return max(float((a - b).abs().max()) for a, b in zip(out["graphed"], out["looped"], strict=True))
+
+    out = engine._llm.collective_rpc(encoder_graph_outputs, args=(grids, budgets))[0]
+    assert (out["hits"], out["misses"]) == (4, 1)
+    assert out["input_storages"] == 2  # every budget's graph reads views of one pixel and one position buffer
+    assert [o.shape[0] for o in out["graphed"]] == [vllm_encoder_graphs.page_tokens(h, w) for _, h, w in grids]
+
+    def leaking(dst: Any, src: Any) -> None:  # the page's sequence runs on over the padding rows
+        dst[0], dst[1:] = 0, int(dst[-1])
+
+    monkeypatch.setattr(vllm_encoder_graphs, "_pad_cu_seqlens", leaking)
+    leak = engine._llm.collective_rpc(encoder_graph_outputs, args=(grids, budgets))[0]
+    print(f"\nencoder graphs vs loop {worst(out):.2e}, padding attended {worst(leak):.2e}")
+    assert worst(out) <= 1e-5
+    assert worst(leak) > 1e-3
 
 
 def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) -> None:

@@ -222,3 +222,51 @@ def assert_batch_invariant(engine: Any, reference: list[Topk], seed: int = 0) ->
         print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
         assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
         assert d_hf <= VS_TRANSFORMERS_TOL, (i, d_hf, miss_hf)
+
+
+def encoder_graph_outputs(worker: Any, grids: list[list[int]], budgets: list[int]) -> dict[str, Any]:
+    """In vLLM's worker: the tower's outputs for pages of ``grids`` through vLLM's own
+    ``EncoderCudaGraphManager`` (its packing, budgets, buffer padding and scatter) over the
+    HunyuanVL protocol the plugin installs, each "graph" replayed eagerly (a CPU has no CUDA
+    graphs: the captured buffers go through ``encoder_cudagraph_forward`` at replay), beside vLLM's
+    page-by-page tower on the same pixels. Returns both and the manager's hit/miss counts."""
+    import torch
+    from vllm.model_executor.models.interfaces import supports_encoder_cudagraph
+    from vllm.v1.worker.encoder_cudagraph import BudgetGraphMetadata, EncoderCudaGraphManager
+
+    model = worker.model_runner.model
+    assert supports_encoder_cudagraph(model), "the plugin did not install the protocol"
+
+    class EagerReplay(EncoderCudaGraphManager):  # type: ignore[misc]
+        def _capture_budget_graph(self, token_budget: int, path: str = "default") -> None:
+            values = self.model.prepare_encoder_cudagraph_capture_inputs(
+                token_budget, self.max_batch_size, self.max_frames_per_batch, self.device, self.dtype, path).values
+            out = torch.empty_like(self.model.encoder_cudagraph_forward({**values}))
+            forward = self.model.encoder_cudagraph_forward
+
+            class Replay:
+                def replay(self) -> None:
+                    out.copy_(forward({**values}))
+
+            self._get_graph_set(path)[token_budget] = BudgetGraphMetadata(
+                token_budget, self.max_batch_size, self.max_frames_per_batch, Replay(), values, out)  # type: ignore[arg-type]
+
+    cc = worker.model_runner.vllm_config.compilation_config
+    saved = cc.encoder_cudagraph_token_budgets, cc.encoder_cudagraph_max_vision_items_per_batch
+    cc.encoder_cudagraph_token_budgets, cc.encoder_cudagraph_max_vision_items_per_batch = budgets, 1
+    try:
+        tower = model.visual
+        manager = EagerReplay(worker.model_runner.vllm_config, tower.device, tower.dtype, model)
+        manager.capture(graph_pool=None)
+        e = tower.embeddings
+        x = torch.randn(sum(h * w for _, h, w in grids), e.num_channels * e.patch_size**2,
+                        generator=torch.Generator().manual_seed(0)).to(tower.dtype)
+        with torch.no_grad():
+            graphed = manager.execute({"pixel_values": x, "image_grid_thw": torch.tensor(grids)})
+            looped = tower(x, grids)
+    finally:
+        cc.encoder_cudagraph_token_budgets, cc.encoder_cudagraph_max_vision_items_per_batch = saved
+    storages = {g.input_buffers[k].untyped_storage().data_ptr()
+                for g in manager.budget_graphs["default"].values() for k in ("pixel_values", "pos_embeds")}
+    return {"graphed": [o.float().cpu() for o in graphed], "looped": [o.float().cpu() for o in looped],
+            "hits": manager.graph_hits, "misses": manager.graph_misses, "input_storages": len(storages)}

@@ -12,7 +12,7 @@ from typing import Any
 
 from ocrq.errors import BadRequest, OcrqError, TooLargeForDevice
 from ocrq.settings import EngineSettings
-from worker.engines import hunyuan
+from worker.engines import hunyuan, vllm_encoder_graphs
 from worker.engines.base import OcrRequest
 
 #: device memory left to the CUDA context, other processes' growth and fragmentation when
@@ -71,6 +71,14 @@ def render_threads(settings: EngineSettings) -> int:
     if settings.render_threads is not None:
         return settings.render_threads
     return max(2, min(8, (os.cpu_count() or 2) // 2))
+
+
+def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any] | None:
+    """vLLM ``compilation_config`` from ocrq's settings: the vision tower's CUDA graphs where asked
+    for and possible (CUDA, graphs not switched off by ``enforce_eager``); None: vLLM's own."""
+    if not (settings.vision_cuda_graphs and on_cuda and not settings.enforce_eager):
+        return None
+    return vllm_encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
 
 
 def device_memory() -> tuple[int, int]:

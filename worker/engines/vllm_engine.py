@@ -37,6 +37,7 @@ from worker.engines.transformers_engine import weights_revision
 from worker.engines.vllm_common import (
     admission_error,
     answer_meta,
+    compilation_config,
     device_memory,
     gpu_utilization,
     image_messages,
@@ -155,6 +156,11 @@ class VllmEngine:
             "renderer_num_workers": render_threads(s),
             "seed": 0,
         }
+        import torch
+
+        graphs = compilation_config(s, torch.cuda.is_available())
+        if graphs:
+            args["compilation_config"] = graphs
         args.update(dict(s.extra.get("vllm", {})))
         return args
 

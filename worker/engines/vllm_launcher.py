@@ -26,7 +26,7 @@ import httpx
 
 from ocrq.settings import EngineSettings
 from worker.engines import vllm_vision
-from worker.engines.vllm_common import render_threads
+from worker.engines.vllm_common import compilation_config, render_threads
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,9 @@ def server_argv(
         argv.append("--enforce-eager")
     if _has_cuda():
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        graphs = compilation_config(s, True)
+        if graphs:
+            argv += ["--compilation-config", json.dumps(graphs)]
     return argv + list(extra_args)
 
 

@@ -19,6 +19,9 @@ cause. Bug reports with minimal repros: docs/gpu.md ("vLLM bugs and the plugin's
 
 3. ``vision_groups`` (not a bug fix: an opt-in path, ``worker/engines/vllm_vision.py``): the vision
    tower on groups of pages when ``engine.vision_group_patches`` > 0; vLLM's own loop otherwise.
+4. ``encoder_graphs`` (not a bug fix: a missing feature, ``worker/engines/vllm_encoder_graphs.py``):
+   vLLM's ``SupportsEncoderCudaGraph`` for the HunyuanVL model, so its vision tower replays as CUDA
+   graphs when the engine's compilation config asks for them (``engine.vision_cuda_graphs``).
 
 ``OCRQ_VLLM_DISABLE_FIXES=name,name`` leaves fixes out in every vLLM process, and
 ``boundary_fix.enabled`` switches fix 1 off in-process: each fix's test runs once without it and
@@ -61,7 +64,7 @@ def register() -> None:
     version = str(vllm.__version__)
     disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
     for name, fix in (("image_boundary", _image_boundary), ("xdrope_cpu", _xdrope_cpu),
-                      ("vision_groups", _vision_groups)):
+                      ("vision_groups", _vision_groups), ("encoder_graphs", _encoder_graphs)):
         if name in applied:
             continue
         if name in disabled:
@@ -127,3 +130,9 @@ def _vision_groups(version: str) -> bool:
     from worker.engines import vllm_vision
 
     return vllm_vision.install(version)
+
+
+def _encoder_graphs(version: str) -> bool:
+    from worker.engines import vllm_encoder_graphs
+
+    return vllm_encoder_graphs.install(version)
