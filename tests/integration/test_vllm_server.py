@@ -289,3 +289,24 @@ def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
         assert flag in joined
     assert json.loads(argv[argv.index("--mm-processor-kwargs") + 1]) == {
         "size": {"shortest_edge": 256 * 256, "longest_edge": 1024 * 1024}}
+
+
+def test_vllms_own_command_line_takes_the_encoder_graphs_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine.vision_cuda_graphs`` reaches a launched server as ``--compilation-config`` JSON:
+    vLLM's own argument parser turns it into the compilation config the engine core reads."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from worker.engines import vllm_launcher
+
+    monkeypatch.setattr(vllm_launcher, "_has_cuda", lambda: True)
+    argv = vllm_launcher.server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server", vision_cuda_graphs=True,
+                                                                     enforce_eager=False))
+    parser = FlexibleArgumentParser()
+    AsyncEngineArgs.add_cli_args(parser)
+    given = argv[argv.index("--compilation-config") + 1]
+    args = parser.parse_args(["--model", str(tmp_path), "--compilation-config", given])
+    cc = AsyncEngineArgs.from_cli_args(args).compilation_config
+    assert cc.cudagraph_mm_encoder is True
+    assert cc.encoder_cudagraph_max_vision_items_per_batch == 1 and len(cc.encoder_cudagraph_token_budgets) > 10
