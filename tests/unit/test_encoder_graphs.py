@@ -37,7 +37,7 @@ def test_budgets_cover_every_page_up_to_max_pixels_in_small_steps(max_pixels: in
                 assert h * w <= PATCHES_PER_TOKEN * fit
 
 
-def test_graphs_only_where_asked_for_on_cuda_and_not_eager() -> None:
+def test_graphs_only_where_asked_for_on_cuda_and_not_eager(caplog: pytest.LogCaptureFixture) -> None:
     on = EngineSettings(kind="vllm", vision_cuda_graphs=True, max_model_len=4096)
     cc = compilation_config(on, on_cuda=True)
     assert cc is not None and cc["cudagraph_mm_encoder"] is True
@@ -45,6 +45,9 @@ def test_graphs_only_where_asked_for_on_cuda_and_not_eager() -> None:
     assert cc["encoder_cudagraph_token_budgets"] == budgets(on.max_pixels, 4096)
     assert compilation_config(on, on_cuda=False) is None
     assert compilation_config(on.model_copy(update={"enforce_eager": True}), on_cuda=True) is None
+    said = [r.getMessage() for r in caplog.records]  # asked for and not possible: said, not silent
+    assert said == ["engine.vision_cuda_graphs is ignored: no CUDA device",
+                    "engine.vision_cuda_graphs is ignored: enforce_eager is set"]
     assert compilation_config(EngineSettings(kind="vllm"), on_cuda=True) is None  # off by default
 
 

@@ -7,6 +7,7 @@ and ``_settle``); they belong next to the prompts in ``hunyuan.py`` once its own
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -14,6 +15,8 @@ from ocrq.errors import BadRequest, OcrqError, TooLargeForDevice
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan, vllm_encoder_graphs
 from worker.engines.base import OcrRequest
+
+log = logging.getLogger(__name__)
 
 #: device memory left to the CUDA context, other processes' growth and fragmentation when
 #: ``gpu_memory_utilization`` is sized from what NVML reports free at start
@@ -76,7 +79,11 @@ def render_threads(settings: EngineSettings) -> int:
 def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any] | None:
     """vLLM ``compilation_config`` from ocrq's settings: the vision tower's CUDA graphs where asked
     for and possible (CUDA, graphs not switched off by ``enforce_eager``); None: vLLM's own."""
-    if not (settings.vision_cuda_graphs and on_cuda and not settings.enforce_eager):
+    if not settings.vision_cuda_graphs:
+        return None
+    if not on_cuda or settings.enforce_eager:
+        why = "no CUDA device" if not on_cuda else "enforce_eager is set"
+        log.warning("engine.vision_cuda_graphs is ignored: %s", why)
         return None
     return vllm_encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
 
