@@ -50,6 +50,18 @@ def _requests(seed: int = 0) -> list[OcrRequest]:
             for i, (w, h) in enumerate(SIZES)]
 
 
+def first_step_alone_vs_batch(engine: Any, seed: int = 3) -> float:
+    """Worst |Δ| of a page's top-5 first-step logprobs, alone against in a mixed batch."""
+    reqs = _requests(seed)
+    alone = [engine.topk_logprobs([r], 5, 1)[0] for r in reqs]
+    batched = engine.topk_logprobs(reqs, 5, 1)
+    first = 0.0
+    for a, b in zip(alone, batched, strict=True):
+        da, db = dict(a[0]), dict(b[0])
+        first = max([first] + [abs(lp - db[t]) for t, lp in da.items() if t in db])
+    return first
+
+
 def test_builds_inside_the_budget_with_cuda_graphs(engine: Any) -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     assert engine.capacity_bytes <= 24 * GIB

@@ -19,7 +19,7 @@ import pytest
 
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
-from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests
+from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests, first_step_alone_vs_batch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -94,12 +94,6 @@ def test_the_captured_graphs_give_each_page_what_the_eager_tower_gives(graphed: 
 
 
 def test_bf16_first_step_alone_vs_batch_with_the_graphs(graphed: Any) -> None:
-    reqs = _requests(3)
-    alone = [graphed.topk_logprobs([r], 5, 1)[0] for r in reqs]
-    batched = graphed.topk_logprobs(reqs, 5, 1)
-    first = 0.0
-    for a, b in zip(alone, batched, strict=True):
-        da, db = dict(a[0]), dict(b[0])
-        first = max([first] + [abs(lp - db[t]) for t, lp in da.items() if t in db])
+    first = first_step_alone_vs_batch(graphed)
     print(f"\nencoder graphs, bf16 first step alone vs batch: max |Δ top-5 logprob| {first:.4f}")
     assert first <= 1e-4

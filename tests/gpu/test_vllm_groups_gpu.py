@@ -16,7 +16,7 @@ import pytest
 
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
-from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests
+from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests, first_step_alone_vs_batch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
@@ -56,12 +56,6 @@ def test_a_mixed_batch_runs_full_length_with_the_grouped_tower(grouped: Any) -> 
 
 
 def test_bf16_first_step_alone_vs_batch_with_the_grouped_tower(grouped: Any) -> None:
-    reqs = _requests(3)
-    alone = [grouped.topk_logprobs([r], 5, 1)[0] for r in reqs]
-    batched = grouped.topk_logprobs(reqs, 5, 1)
-    first = 0.0
-    for a, b in zip(alone, batched, strict=True):
-        da, db = dict(a[0]), dict(b[0])
-        first = max([first] + [abs(lp - db[t]) for t, lp in da.items() if t in db])
+    first = first_step_alone_vs_batch(grouped)
     print(f"\ngrouped tower, bf16 first step alone vs batch: max |Δ top-5 logprob| {first:.4f}")
     assert first < 0.02
