@@ -113,6 +113,8 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
     ap.add_argument("--max-num-seqs", type=int, default=0, help="0: vLLM's default")
     ap.add_argument("--kernels", action="store_true", help="also the CUDA kernel table of a large-page prefill")
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--vision-cuda-graphs", action="store_true",
+                    help="the vision tower as CUDA graphs (engine.vision_cuda_graphs' compilation config)")
     args = ap.parse_args()
     os.environ["OCRQ_VLLM_DISABLE_FIXES"] = PLAIN_OFF
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the core in this process: profiler + apply_model
@@ -134,9 +136,15 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
         kw["max_num_seqs"] = args.max_num_seqs
     if cuda:
         kw["gpu_memory_utilization"] = _utilization(args.cap_gb)
+    if args.vision_cuda_graphs and cuda:
+        from worker.engines.vllm_encoder_graphs import compilation_config
+
+        # the processor's own bounds (these rows pass no mm_processor_kwargs): at most 2048² pixels
+        kw["compilation_config"] = compilation_config(2048 * 2048, args.max_model_len)
     t0 = time.perf_counter()
     llm = LLM(**kw)
     row: dict[str, Any] = {"name": args.name, "max_num_batched_tokens": args.max_num_batched_tokens,
+                           "vision_cuda_graphs": bool(args.vision_cuda_graphs and cuda),
                            "max_num_seqs": args.max_num_seqs or "default",
                            "build_s": round(time.perf_counter() - t0, 1)}
     tok = llm.get_tokenizer()

@@ -31,6 +31,7 @@
 #   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
 #   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same lease)
 #   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
+#   bash bench/h200_vllm.sh engine-graphs  # the engine alone (bench.gpu_vllm_profile), tower as graphs, then eager
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
 #   bash bench/h200_vllm.sh pair-mps   # the pair under NVIDIA MPS (kernels of both engines at once)
 #   bash bench/h200_vllm.sh single     # one engine, chunks of 16 (the pair's reference)
@@ -217,6 +218,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       row 280 ocrq-vllm-eager-b worker --max-num-batched-tokens 65536
       row 300 ocrq-vllm-graphs-b worker --max-num-batched-tokens 65536 --vision-cuda-graphs
     fi ;;
+  engine-graphs)  # the engine alone (pre-rendered pages, bench.gpu_vllm_profile) with the tower as graphs, then
+    # without: whether graphs speed up the engine itself, apart from how the worker feeds it
+    row 300 prof-64k-graphs profile --max-num-batched-tokens 65536 --vision-cuda-graphs
+    row 280 prof-64k-eager profile --max-num-batched-tokens 65536 ;;
   graph-row)  # one row: the tower as CUDA graphs (NAME=..., DIAG=1 for the engine core's profile)
     row 300 ${NAME:-ocrq-vllm-graphs} worker --max-num-batched-tokens 65536 --vision-cuda-graphs ;;
   eager-row)
