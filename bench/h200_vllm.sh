@@ -143,6 +143,10 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
   if [ $rc -ne 0 ]; then grep -E "Traceback|Error" "$OUT/$name.log" | tail -5; fi
 }
 
+# the encoder-graphs A/B's two rows (engine.vision_cuda_graphs on, then vLLM's eager tower)
+graph_row() { row 300 "$1" worker --max-num-batched-tokens 65536 --vision-cuda-graphs; }
+eager_row() { row 280 "$1" worker --max-num-batched-tokens 65536; }
+
 setup
 case $step in
   tests)
@@ -211,21 +215,16 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
       --junitxml="$OUT/gpu-graphs.xml" > "$OUT/gpu-graphs.log" 2>&1
     grep -E "encoder-graphs build|budgets|grid |first step|passed|failed|^FAILED|^E |Error" "$OUT/gpu-graphs.log" | tail -30 ;;
   graphs)  # the tower as CUDA graphs, then vLLM's eager tower, same lease (GRAPHS_FIRST=0: the other order)
-    if [ "${GRAPHS_FIRST:-1}" = 1 ]; then
-      row 300 ocrq-vllm-graphs worker --max-num-batched-tokens 65536 --vision-cuda-graphs
-      row 280 ocrq-vllm-eager worker --max-num-batched-tokens 65536
-    else
-      row 280 ocrq-vllm-eager-b worker --max-num-batched-tokens 65536
-      row 300 ocrq-vllm-graphs-b worker --max-num-batched-tokens 65536 --vision-cuda-graphs
-    fi ;;
+    if [ "${GRAPHS_FIRST:-1}" = 1 ]; then graph_row ocrq-vllm-graphs; eager_row ocrq-vllm-eager
+    else eager_row ocrq-vllm-eager-b; graph_row ocrq-vllm-graphs-b; fi ;;
   engine-graphs)  # the engine alone (pre-rendered pages, bench.gpu_vllm_profile) with the tower as graphs, then
     # without: whether graphs speed up the engine itself, apart from how the worker feeds it
     row 300 prof-64k-graphs profile --max-num-batched-tokens 65536 --vision-cuda-graphs
     row 280 prof-64k-eager profile --max-num-batched-tokens 65536 ;;
   graph-row)  # one row: the tower as CUDA graphs (NAME=..., DIAG=1 for the engine core's profile)
-    row 300 ${NAME:-ocrq-vllm-graphs} worker --max-num-batched-tokens 65536 --vision-cuda-graphs ;;
+    graph_row ${NAME:-ocrq-vllm-graphs} ;;
   eager-row)
-    row 280 ${NAME:-ocrq-vllm-eager} worker --max-num-batched-tokens 65536 ;;
+    eager_row ${NAME:-ocrq-vllm-eager} ;;
   groups-ab)  # the A/B again in the other order, no DIAG: grouped tower, then vLLM's loop
     row 300 ocrq-vllm-groups-b worker --max-num-batched-tokens 65536 --vision-group-patches ${GROUP_PATCHES:-16384}
     row 280 ocrq-vllm-b worker --max-num-batched-tokens 65536 ;;
