@@ -21,7 +21,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ocrq import keys
+from ocrq import gcpause, keys
 from ocrq.jobs import JobIndex
 from ocrq.results import ImageResult, json_line
 from ocrq.storage import ResultStore
@@ -58,14 +58,18 @@ def invalidate(redis: Any, store: ResultStore, job: str) -> None:
 def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH) -> Iterator[ImageResult]:
     """Every image of the job: finished ones with their stored document, others as records.
     Documents are read ``batch`` at a time (one store ``get_many``: one SQLite query, or S3 GETs
-    in parallel) and parsed from their raw bytes."""
+    in parallel) and parsed from their raw bytes, the collector held off (``ocrq.gcpause``)."""
     records = index.scan(job)
-    while part := list(islice(records, batch)):
-        paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
-        docs = store.get_many(paths.values(), raw=True) if paths else {}
-        for rec in part:
-            raw = docs.get(paths[rec.id]) if rec.id in paths else None
-            yield ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec)
+    while True:
+        with gcpause.paused():  # the batch's records and documents all survive: see ocrq.gcpause
+            part = list(islice(records, batch))
+            paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
+            docs = store.get_many(paths.values(), raw=True) if paths else {}
+            parsed = [ImageResult.model_validate_json(raw) if (raw := docs.get(paths.get(rec.id, ""))) is not None
+                      else ImageResult(record=rec) for rec in part]
+        if not parsed:
+            return
+        yield from parsed  # outside the pause: the caller's own work runs with the collector on
 
 
 def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
