@@ -304,7 +304,8 @@ def worker(args: argparse.Namespace) -> None:
            "OCRQ_ENGINE__MAX_NUM_SEQS": str(args.max_num_seqs or 256),
            "OCRQ_ENGINE__MAX_NUM_BATCHED_TOKENS": str(args.max_num_batched_tokens),
            "OCRQ_ENGINE__CONCURRENT_BATCHES": str(args.concurrent_batches),
-           "OCRQ_BATCH__MODE": "auto", "OCRQ_BATCH__MAX_SIZE": "128",
+           "OCRQ_BATCH__MODE": args.batch_mode, "OCRQ_BATCH__MAX_SIZE": "128",
+           "OCRQ_BATCH__SIZE": str(args.batch_size),
            "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)),
            "OCRQ_QUEUE__CHUNK_SIZE": str(args.chunk_size), "OCRQ_METRICS_PORT": "0",
            "OCRQ_ENGINE__VISION_GROUP_PATCHES": str(args.vision_group_patches),
@@ -317,6 +318,7 @@ def worker(args: argparse.Namespace) -> None:
                     "VLLM_CPU_KVCACHE_SPACE": "1"})
     row: dict[str, Any] = {"name": args.name, "kind": "ocrq-" + env["OCRQ_ENGINE__KIND"],
                            "concurrent_batches": args.concurrent_batches,
+                           "batch_mode": args.batch_mode, "batch_size": args.batch_size,
                            "vision_group_patches": args.vision_group_patches,
                            "vision_cuda_graphs": args.vision_cuda_graphs, "jobs": []}
     try:
@@ -409,6 +411,9 @@ def main() -> None:
                    help="the row is the second (warm) job; the third has the small job beside it")
     w.add_argument("--max-num-seqs", type=int, default=256)
     w.add_argument("--concurrent-batches", type=int, default=8)
+    w.add_argument("--batch-mode", choices=["auto", "fixed"], default="auto",
+                   help="fixed: no admission by KV tokens; the batches in flight share a count limit of --batch-size")
+    w.add_argument("--batch-size", type=int, default=4, help="fixed mode: the count limit the batches in flight share")
     w.add_argument("--big-priority", type=int, default=9, help="the large job's priority (0 is the highest)")
     w.add_argument("--api-servers", type=int, default=None,
                    help="--server: engine.api_servers (default: one per 4 host cores, 1 to 4)")

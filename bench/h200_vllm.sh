@@ -31,6 +31,9 @@
 #   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
 #   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same lease)
 #   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
+#   bash bench/h200_vllm.sh batches    # 8 batches in flight (default) then 32 smaller ones (END=585)
+#   bash bench/h200_vllm.sh everything # the worker giving vLLM every page (no KV admission), then admission
+#   bash bench/h200_vllm.sh batches-graphs  # the same two with the tower as CUDA graphs
 #   bash bench/h200_vllm.sh engine-graphs  # the engine alone (bench.gpu_vllm_profile), tower as graphs, then eager
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
 #   bash bench/h200_vllm.sh pair-mps   # the pair under NVIDIA MPS (kernels of both engines at once)
@@ -144,8 +147,9 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
 }
 
 # the encoder-graphs A/B's two rows (engine.vision_cuda_graphs on, then vLLM's eager tower)
-graph_row() { row 300 "$1" worker --max-num-batched-tokens 65536 --vision-cuda-graphs; }
-eager_row() { row 280 "$1" worker --max-num-batched-tokens 65536; }
+# (graph_row NAME [more bench args])
+graph_row() { row 300 "$1" worker --max-num-batched-tokens 65536 --vision-cuda-graphs "${@:2}"; }
+eager_row() { row 280 "$1" worker --max-num-batched-tokens 65536 "${@:2}"; }
 
 setup
 case $step in
@@ -221,6 +225,15 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     # without: whether graphs speed up the engine itself, apart from how the worker feeds it
     row 300 prof-64k-graphs profile --max-num-batched-tokens 65536 --vision-cuda-graphs
     row 280 prof-64k-eager profile --max-num-batched-tokens 65536 ;;
+  batches)  # admission's grain: 8 batches of <= 16 pages in flight (the default) against 32 of <= 4
+    # (a batch's KV plan is held until its last page finishes; smaller batches give it back sooner)
+    eager_row ocrq-vllm-cb8; eager_row ocrq-vllm-cb32 --concurrent-batches 32 ;;
+  everything)  # the real worker without admission by KV tokens (fixed mode: a count limit of 200
+    # shared by 8 batches of <= 25, so a set's 200 pages can all be in vLLM at once, as in the
+    # engine-alone profile; KV pressure still shrinks the count) against admission, same lease
+    eager_row ocrq-vllm-all --batch-mode fixed --batch-size 200; eager_row ocrq-vllm-admit ;;
+  batches-graphs)  # the same grain A/B with the tower as CUDA graphs
+    graph_row ocrq-vllm-graphs-cb32 --concurrent-batches 32; graph_row ocrq-vllm-graphs-cb8 ;;
   graph-row)  # one row: the tower as CUDA graphs (NAME=..., DIAG=1 for the engine core's profile)
     graph_row ${NAME:-ocrq-vllm-graphs} ;;
   eager-row)

@@ -27,7 +27,8 @@ the engine's compilation config turns encoder graphs on, which ``compilation_con
 Measured on the H200 (docs/bench/gpu-vllm.md, sixteenth session): the captured graphs give what
 vLLM's eager tower gives (0.0000 in bf16), the tower's share of the engine core's main thread fell
 from 35-38 % to 4 %, but img/s did not follow (1.10× and 0.97× in two leases) and the graphs cost
-~18k KV tokens at 24 GiB: opt-in (``engine.vision_cuda_graphs``).
+~18k KV tokens at 24 GiB: opt-in (``engine.vision_cuda_graphs``). The engine alone, all pages
+queued at once (seventeenth session): 20.31 img/s with graphs, 20.26 without.
 """
 
 from __future__ import annotations
