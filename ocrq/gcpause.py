@@ -5,7 +5,6 @@ the collector runs its young collections over and over and promotes them, and ev
 collection walks whatever the process already holds: most of a result's parse time was the
 collector's (ImageResult: 12 µs with the collector off, 39-41 µs on, measured in a process that
 kept its results). The models hold no reference cycles, so there is nothing for it to find there.
-msgpack's documentation suggests the same for large unpacks.
 
 Process-wide and not counted: a thread that finds the collector already off leaves it to the one
 that turned it off, which turns it back on; it is never left off, and a process that turned it off
