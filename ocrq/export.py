@@ -61,14 +61,19 @@ def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BA
     in parallel) and parsed from their raw bytes, the collector held off (``ocrq.gcpause``)."""
     records = index.scan(job)
     while True:
-        with gcpause.paused():  # the batch's records and documents all survive: see ocrq.gcpause
+        # the batch's records all survive (ocrq.gcpause); the index's HSCAN page is a few ms
+        with gcpause.paused():
             part = list(islice(records, batch))
-            paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
-            docs = store.get_many(paths.values(), raw=True) if paths else {}
-            parsed = [ImageResult.model_validate_json(raw) if (raw := docs.get(paths.get(rec.id, ""))) is not None
-                      else ImageResult(record=rec) for rec in part]
-        if not parsed:
+        if not part:
             return
+        paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
+        # the store read runs with the collector on: S3 GETs may take seconds, other threads go on
+        docs = store.get_many(paths.values(), raw=True) if paths else {}
+        parsed: list[ImageResult] = []
+        with gcpause.paused():
+            for rec in part:
+                raw = docs.get(paths[rec.id]) if rec.id in paths else None
+                parsed.append(ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec))
         yield from parsed  # outside the pause: the caller's own work runs with the collector on
 
 

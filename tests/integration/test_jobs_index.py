@@ -35,3 +35,26 @@ def test_counts_stay_exact_under_repeats(redis_client):
     index.record([rec(2, ImageStatus.queued)], mode="force")
     assert index.failed("j") == [] and index.counts("j")["failed"] == 0
     assert redis_client.ttl(keys.job_images("j")) > 0
+
+
+def test_a_jobs_results_come_back_batch_by_batch_each_with_its_own_document(redis_client, tmp_path):
+    """ocrq.export.results over a real Redis index and SQLite store, in batches of 2: every image
+    once, a finished one with its stored document, an unfinished one (or one whose document is
+    missing) as its record."""
+    from ocrq.export import results
+    from ocrq.results import ImageResult, OcrOutput
+    from ocrq.sqlite_store import SqliteStore
+
+    index = JobIndex(redis_client, ttl=60)
+    index.create("j", {"task": "text"})
+    store = SqliteStore(tmp_path / "store")
+    done = [rec(i, ImageStatus.done, pages=1) for i in range(5)]
+    index.record(done + [rec(5, ImageStatus.running), rec(6, ImageStatus.done)])
+    store.put_many([(keys.result_object("j", r.id), ImageResult(
+        record=r, outputs=[OcrOutput(text=f"text {r.id}", engine="e", model="m")]).model_dump_json().encode())
+        for r in done])  # id6 is final without a document
+    got = {r.record.id: r for r in results(index, store, "j", batch=2)}
+    assert sorted(got) == [f"id{i}" for i in range(7)]
+    assert all(got[f"id{i}"].text == f"text id{i}" for i in range(5))
+    assert got["id5"].outputs == [] and got["id5"].record.status is ImageStatus.running
+    assert got["id6"].outputs == [] and got["id6"].record.status is ImageStatus.done
