@@ -21,7 +21,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -49,7 +51,8 @@ def write_workload(root: Path, n: int, seed: int, tag: str, scale: float, offset
 
     sizes = [im.size for im in _images(n, seed)]  # the benchmark's order, image for image
     out = root / tag
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a folder left by a larger run would add its files to the job
+    out.mkdir(parents=True)
     base = seed * 1_000_000 + (offset if offset is not None else 0 if tag == "cold" else 500_000)
     jobs = [(out / f"{i:04d}.jpg", max(32, int(w * scale)), max(32, int(h * scale)), base + i, 90)
             for i, (w, h) in enumerate(sizes)]
@@ -131,6 +134,20 @@ def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_g
             "snapshot": governor.snapshot()}
 
 
+def _spy(pid: int, out: Path, tag: str) -> list[subprocess.Popen[bytes]]:
+    """Two py-spy recorders on the worker (GIL holders; every thread, idle ones too) until SIGINT."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("--spy: no py-spy on PATH; not recorded", flush=True)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    base = [exe, "record", "--nonblocking", "-r", "100", "-d", "3600", "-f", "raw", "-p", str(pid)]
+    return [subprocess.Popen([*base, "--gil", "-o", str(out / f"{tag}.gil.txt")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.STDOUT),
+            subprocess.Popen([*base, "--idle", "-o", str(out / f"{tag}.all.txt")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.STDOUT)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -147,6 +164,9 @@ def main() -> None:
                     help="with --simulated: a batch costs n × its longest page, as the transformers engine's")
     ap.add_argument("--sim-image-s", type=float, default=0.0, metavar="S",
                     help="with --simulated: S more seconds per image in a batch (a GPU-like t(n) = BATCH_S + S·n)")
+    ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
+                    help="py-spy records the warm worker during its job (DIR/warm.gil.txt: the thread holding "
+                         "the GIL; DIR/warm.all.txt: every thread, idle ones too), raw collapsed stacks")
     args = ap.parse_args()
 
     from ocrq.settings import Settings
@@ -189,7 +209,11 @@ def main() -> None:
             t0 = time.perf_counter()
             proc = start_worker(env, name, work / f"worker-{name}.log", redis_url, timeout=300)
             started = time.perf_counter() - t0
+            spies = _spy(proc.pid, args.spy, tag) if args.spy and tag == "warm" else []
             job = run_job(settings, folders[tag], f"gpu-{tag}", redis_url, name, args.tokens)
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its record when interrupted
+                spy.wait(30)
             job.update({"start": tag, "worker_ready_s": round(started, 1)})
             result["jobs"].append(job)
             print(json.dumps(job), flush=True)

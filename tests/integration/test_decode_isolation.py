@@ -4,6 +4,7 @@ file costs that image (DecoderCrashed), never the caller, and the images decodin
 from __future__ import annotations
 
 import io
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -137,5 +138,41 @@ def test_each_image_of_a_batch_has_its_own_timeout(limits: LimitSettings) -> Non
         assert all(isinstance(o, list) and o[0].width == 1024 for o in got), [
             o for o in got if not isinstance(o, list)][:3]
         assert dec.crashes == 0
+    finally:
+        dec.close()
+
+
+def test_pages_cross_in_memory_files_that_are_freed(limits: LimitSettings) -> None:
+    """Files go to a child and pages come back as blobs in memory files (worker.memfd_pipe): a
+    batch of large pages spans several replies, a multi-frame file keeps every frame, a bad file
+    keeps its typed error, and every page is the in-process decode's, pixel for pixel. Nothing
+    stays open or mapped in the worker afterwards."""
+    def noise_png(w: int, h: int, seed: int) -> bytes:
+        out = io.BytesIO()
+        Image.frombytes("RGB", (w, h), bytes((seed + i) % 251 for i in range(w * h * 3))).save(out, "PNG")
+        return out.getvalue()
+
+    frames = io.BytesIO()
+    first, second = Image.new("RGB", (300, 200), (10, 20, 30)), Image.new("RGB", (200, 300), (200, 100, 0))
+    first.save(frames, "TIFF", save_all=True, append_images=[second])
+    # four 2048x2048 pages (12 MiB of pixels each) pass the child's 32 MiB reply size
+    batch = [noise_png(2048, 2048, s) for s in range(4)] + [b"not an image", frames.getvalue(), png(3)]
+    dec = IsolatedDecoder(limits.model_copy(update={"decode_processes": 1}))
+    try:
+        dec.decode_many([png(1)])  # the children's own descriptors are open from here on
+        fds = len(os.listdir("/proc/self/fd"))
+        out = dec.decode_many(batch)
+        assert isinstance(out[4], BadImage)
+        for data, got in zip(batch, out, strict=True):
+            if isinstance(got, Exception):
+                continue
+            want = decode(data, limits)
+            assert [(p.index, p.width, p.height, p.frame_count, p.image.mode) for p in got] == [
+                (p.index, p.width, p.height, p.frame_count, p.image.mode) for p in want]
+            assert [p.image.tobytes() for p in got] == [p.image.tobytes() for p in want]
+        assert [p.width for p in out[5]] == [300, 200]  # type: ignore[union-attr]
+        assert len(os.listdir("/proc/self/fd")) == fds
+        with open("/proc/self/maps") as maps:
+            assert "memfd:ocrq-blobs" not in maps.read()
     finally:
         dec.close()
