@@ -34,7 +34,7 @@ INLINE_BYTES = 1 << 20
 def send(conn: Connection, meta: Any, blobs: Sequence[Blob]) -> None:
     """Send ``meta`` with ``blobs`` (pickled alongside when small, else in a memory file)."""
     sizes = [len(blob) for blob in blobs]
-    if sum(sizes) < INLINE_BYTES:
+    if sum(sizes) < INLINE_BYTES or not hasattr(os, "memfd_create"):  # memfd is Linux's; pickle elsewhere
         conn.send((meta, sizes, [bytes(blob) for blob in blobs]))
         return
     fd = os.memfd_create("ocrq-blobs", os.MFD_CLOEXEC)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +14,7 @@ from PIL import Image, PngImagePlugin
 
 from ocrq.errors import BadImage, DecoderCrashed
 from ocrq.settings import LimitSettings
+from worker import memfd_pipe
 from worker.decode import FAULT_ABORT, FAULT_HANG, InProcessDecoder, IsolatedDecoder
 from worker.images import decode
 
@@ -174,5 +176,26 @@ def test_pages_cross_in_memory_files_that_are_freed(limits: LimitSettings) -> No
         assert len(os.listdir("/proc/self/fd")) == fds
         with open("/proc/self/maps") as maps:
             assert "memfd:ocrq-blobs" not in maps.read()
+    finally:
+        dec.close()
+
+
+def test_a_crash_inside_a_memory_file_batch_costs_only_its_image(limits: LimitSettings) -> None:
+    """The memory-file path (a round trip of ≥ 1 MiB of files, replies of large pages) keeps the
+    crash rule: the aborting file fails alone and the others come back from a fresh child."""
+    def noise(seed: int) -> bytes:
+        out = io.BytesIO()
+        Image.frombytes("RGB", (1024, 1024), random.Random(seed).randbytes(1024 * 1024 * 3)).save(out, "PNG")
+        return out.getvalue()
+
+    batch = [noise(1), png(2, FAULT_ABORT), noise(3), noise(4)]
+    assert sum(map(len, batch)) > memfd_pipe.INLINE_BYTES  # what makes this the memory-file path
+    dec = IsolatedDecoder(limits.model_copy(update={"decode_processes": 1}))
+    try:
+        out = dec.decode_many(batch)
+        assert isinstance(out[1], DecoderCrashed) and "SIGABRT" in str(out[1])
+        for i in (0, 2, 3):
+            assert [p.image.tobytes() for p in out[i]] == [p.image.tobytes() for p in decode(batch[i], limits)]  # type: ignore[union-attr]
+        assert dec.crashes == 1
     finally:
         dec.close()

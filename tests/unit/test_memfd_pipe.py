@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 
 import pytest
 
@@ -63,3 +64,19 @@ def test_a_closed_peer_is_eof() -> None:
     with pytest.raises(EOFError), memfd_pipe.receive(b):
         pass
     b.close()
+
+
+def test_without_memfd_large_blobs_are_pickled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the OS has no memfd_create (not Linux), every message is pickled, as before."""
+    monkeypatch.delattr(os, "memfd_create")
+    a, b = mp.Pipe()
+    try:
+        big = os.urandom(3 << 20)
+        sender = threading.Thread(target=memfd_pipe.send, args=(a, "m", [big]))  # more than the socket holds
+        sender.start()
+        with memfd_pipe.receive(b) as (meta, views):
+            assert meta == "m" and bytes(views[0]) == big and _memfd_mappings() == 0
+        sender.join(10)
+    finally:
+        a.close()
+        b.close()
