@@ -21,15 +21,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.services import free_port, start_redis, start_worker, stop
+from bench.services import Spy, free_port, start_redis, start_worker, stop
 from ocrq import keys
 
 GIB = 2**30
@@ -134,20 +132,6 @@ def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_g
             "snapshot": governor.snapshot()}
 
 
-def _spy(pid: int, out: Path, tag: str) -> list[subprocess.Popen[bytes]]:
-    """Two py-spy recorders on the worker (GIL holders; every thread, idle ones too) until SIGINT."""
-    exe = shutil.which("py-spy")
-    if exe is None:
-        print("--spy: no py-spy on PATH; not recorded", flush=True)
-        return []
-    out.mkdir(parents=True, exist_ok=True)
-    base = [exe, "record", "--nonblocking", "-r", "100", "-d", "3600", "-f", "raw", "-p", str(pid)]
-    return [subprocess.Popen([*base, "--gil", "-o", str(out / f"{tag}.gil.txt")], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.STDOUT),
-            subprocess.Popen([*base, "--idle", "-o", str(out / f"{tag}.all.txt")], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.STDOUT)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -209,11 +193,9 @@ def main() -> None:
             t0 = time.perf_counter()
             proc = start_worker(env, name, work / f"worker-{name}.log", redis_url, timeout=300)
             started = time.perf_counter() - t0
-            spies = _spy(proc.pid, args.spy, tag) if args.spy and tag == "warm" else []
-            job = run_job(settings, folders[tag], f"gpu-{tag}", redis_url, name, args.tokens)
-            for spy in spies:
-                spy.send_signal(signal.SIGINT)  # py-spy writes its record when interrupted
-                spy.wait(30)
+            spy = {f"{tag}.gil": (proc.pid, ["--gil"]), f"{tag}.all": (proc.pid, ["--idle"])}
+            with Spy(args.spy if tag == "warm" else None, spy, rate=100):
+                job = run_job(settings, folders[tag], f"gpu-{tag}", redis_url, name, args.tokens)
             job.update({"start": tag, "worker_ready_s": round(started, 1)})
             result["jobs"].append(job)
             print(json.dumps(job), flush=True)

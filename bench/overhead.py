@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 from PIL import Image
 
-from bench.services import free_port, start_redis, start_worker, stop
+from bench.services import Spy, free_port, start_redis, start_worker, stop
 from ocrq.settings import Settings
 from producer.client import Client
 
@@ -53,34 +50,6 @@ def render(folder: Path, n: int) -> list[str]:
         img.save(path)
         paths.append(str(path))
     return paths
-
-
-class Profiler:
-    """py-spy on a pid (the worker) and on this process, while a ``with`` block runs."""
-
-    def __init__(self, out: Path | None, name: str, worker_pid: int) -> None:
-        self.out, self.name, self.pids = out, name, {"worker": worker_pid, "producer": os.getpid()}
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> Profiler:
-        if self.out is None:
-            return self
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        self.out.mkdir(parents=True, exist_ok=True)
-        for role, pid in self.pids.items():
-            base = self.out / f"{self.name}-{role}"
-            self.procs.append(subprocess.Popen(
-                [spy, "record", "--pid", str(pid), "--rate", "200", "--format", "raw", "--gil",
-                 "--output", f"{base}.txt", "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=(self.out / f"{base.name}.log").open("wb")))
-        time.sleep(1.0)  # py-spy attaches
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for p in self.procs:
-            p.send_signal(signal.SIGINT)
-        for p in self.procs:
-            p.wait(30)
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -118,7 +87,8 @@ def ocrq_passes(paths: list[str], root: Path, profile: Path | None) -> tuple[flo
         rates = []
         pids = {"worker": worker.pid, "redis": server.pid, "producer": os.getpid()}
         for name, cached in (("first", False), ("cached", True)):
-            with Profiler(profile, name, worker.pid):
+            spy = {f"{name}-worker": (worker.pid, ["--gil"]), f"{name}-producer": (os.getpid(), ["--gil"])}
+            with Spy(profile, spy):
                 cpu0 = cpu_seconds(pids)
                 t0 = time.perf_counter()
                 job = client.submit(paths, job=f"overhead-{name}")

@@ -1,13 +1,16 @@
-"""Throwaway services for benchmarks: a redis-server on a free port (no persistence) and
-``ocrq worker`` processes."""
+"""Throwaway services for benchmarks: a redis-server on a free port (no persistence),
+``ocrq worker`` processes, and py-spy recording them."""
 
 from __future__ import annotations
 
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -51,3 +54,32 @@ def start_worker(env: dict[str, str], name: str, log: Path, redis_url: str, time
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the process group (warm shutdown), SIGKILL after 60 s."""
     stop_group(proc, 60)
+
+
+class Spy:
+    """py-spy records while a ``with`` block runs: ``records`` maps a file name (``OUT/{name}.txt``,
+    raw collapsed stacks; py-spy's own output in ``{name}.log``) to a pid and py-spy flags
+    (``--gil``: the thread holding the GIL; ``--idle``: waiting threads too). ``out`` None: off."""
+
+    def __init__(self, out: Path | None, records: dict[str, tuple[int, list[str]]], rate: int = 200) -> None:
+        self.out, self.records, self.rate = out, records, rate
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Spy:
+        if self.out is None:
+            return self
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        for name, (pid, flags) in self.records.items():
+            self.procs.append(subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw", *flags,
+                 "--output", str(self.out / f"{name}.txt"), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=(self.out / f"{name}.log").open("wb")))
+        time.sleep(1.0)  # py-spy attaches
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGINT)  # py-spy writes its record when interrupted
+        for p in self.procs:
+            p.wait(30)
