@@ -6,7 +6,7 @@ the pipe's reads gathered into one buffer, the unpickled object), holding the GI
 worker that time is taken from the engine thread, which needs the GIL to launch each decode
 step. Measured (docs/bench/gpu-worker.md, eighteenth session): a 2048×1536 page held the
 worker's GIL 7-13 ms pickled and 0.3-0.6 ms here; on the H200 the same batches took the
-transformers engine 5-6 % less time in the worker.
+transformers engine 5-15 % less time in the worker.
 
 The sender writes the byte strings into one anonymous memory file (``memfd_create``;
 ``os.write`` copies without the GIL), sends the small rest of the message pickled, then the
@@ -26,8 +26,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 Blob = bytes | bytearray | memoryview
-#: blobs smaller than this in all are pickled with the message: a memory file's system calls
-#: (create, write, pass, map, close: ~120 µs a message) cost more than copying a few small images
+#: blobs smaller than this in all are pickled with the message: memory files' system calls
+#: (create, write, pass, map, close) cost ~120 µs more a round trip, 3.5-4 µs a small image in
+#: batches of 32, than pickling them
 INLINE_BYTES = 1 << 20
 
 
