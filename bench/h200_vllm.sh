@@ -35,6 +35,7 @@
 #   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
 #   bash bench/h200_vllm.sh batches    # 8 batches in flight (default) then 32 smaller ones (END=585)
 #   bash bench/h200_vllm.sh everything # the worker giving vLLM every page (no KV admission), then admission
+#   bash bench/h200_vllm.sh vllm-ab    # ocrq-vllm on this code, then on the code before .ab/new.patch (carry .ab)
 #   bash bench/h200_vllm.sh batches-graphs  # the same two with the tower as CUDA graphs
 #   bash bench/h200_vllm.sh engine-graphs  # the engine alone (bench.gpu_vllm_profile), tower as graphs, then eager
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
@@ -235,6 +236,13 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   batches)  # admission's grain: 8 batches of <= 16 pages in flight (the default) against 32 of <= 4
     # (a batch's KV plan is held until its last page finishes; smaller batches give it back sooner)
     eager_row ocrq-vllm-cb8; eager_row ocrq-vllm-cb32 --concurrent-batches 32 ;;
+  vllm-ab)  # ocrq-vllm on this code, then on the code before .ab/new.patch (reversed on a copy), one
+    # lease: e.g. whether decoding's memory files (eighteenth session) move the vLLM worker too
+    eager_row ocrq-vllm-new
+    [ -f .ab/new.patch ] || { echo "[row] ocrq-vllm-old skipped: no .ab/new.patch carried"; exit 0; }
+    rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
+      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") \
+      && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree && eager_row ocrq-vllm-old) ;;
   everything)  # the real worker without admission by KV tokens (fixed mode: a count limit of 200
     # shared by 8 batches of <= 25, so a set's 200 pages can all be in vLLM at once, as in the
     # engine-alone profile; KV pressure still shrinks the count) against admission, same lease
