@@ -159,6 +159,21 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
 graph_row() { row 300 "$1" worker --max-num-batched-tokens 65536 --vision-cuda-graphs "${@:2}"; }
 eager_row() { row 280 "$1" worker --max-num-batched-tokens 65536 "${@:2}"; }
 
+# issue 12 §2's rows (ratio, ratio-ab): n images a job, sfx names the files for a non-default n
+governor_row() {  # governor_row SECONDS: bench.gpu_governor's in-process run (cold, then warm)
+  timeout "$1" python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
+    --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1
+  echo "[row] gpu_governor$sfx rc=$?"; grep "'mode': 'governor'" "$OUT/gpu-governor$sfx.log" | cut -c1-400
+}
+worker_jobs() {  # worker_jobs FILE: a bench.gpu_worker result's jobs, one line each
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_busy_s'], j['engine_idle_s']) for j in d['jobs']]" "$1"
+}
+old_tree() {  # /tmp/old-tree: this code with .ab/new.patch reversed (the patch is made here and carried)
+  [ -f .ab/new.patch ] || { echo "[row] no .ab/new.patch carried: no row on the code before"; return 1; }
+  rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
+    && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch")
+}
+
 setup
 case $step in
   tests)
@@ -239,10 +254,8 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   vllm-ab)  # ocrq-vllm on this code, then on the code before .ab/new.patch (reversed on a copy), one
     # lease: e.g. whether decoding's memory files (eighteenth session) move the vLLM worker too
     eager_row ocrq-vllm-new
-    [ -f .ab/new.patch ] || { echo "[row] ocrq-vllm-old skipped: no .ab/new.patch carried"; exit 0; }
-    rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
-      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") \
-      && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree && eager_row ocrq-vllm-old) ;;
+    old_tree && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree \
+      && eager_row ocrq-vllm-old) ;;
   everything)  # the real worker without admission by KV tokens (fixed mode: a count limit of 200
     # shared by 8 batches of <= 25, so a set's 200 pages can all be in vLLM at once, as in the
     # engine-alone profile; KV pressure still shrinks the count) against admission, same lease
@@ -297,31 +310,25 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   ratio)  # IMAGES=600: a job three times the size (the start's intake spread over more batches);
     # SPY=1: py-spy records the warm worker (GIL holders, every thread) under $OUT/spy
     mkdir -p "$OUT/rows"; n=${IMAGES:-200}; sfx=${IMAGES:+-$IMAGES}
-    timeout ${GOV_S:-260} python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
-      --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1; echo "[row] gpu_governor$sfx rc=$?"
-    grep "'mode': 'governor'" "$OUT/gpu-governor$sfx.log" | cut -c1-400
+    governor_row ${GOV_S:-260}
     timeout ${WORKER_S:-300} python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker$sfx.json" --work $WORK --images "$n" \
       ${SPY:+--spy "$OUT/spy$sfx"} > "$OUT/ocrq-transformers$sfx.log" 2>&1; echo "[row] gpu_worker$sfx rc=$?"
-    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_busy_s'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/gpu_worker$sfx.json" ;;
+    worker_jobs "$OUT/rows/gpu_worker$sfx.json" ;;
   ratio-ab)  # issue 12 §2 A/B in one command: the in-process governor, then the real worker on this
     # code, on the code before .ab/new.patch (applied in reverse to a copy), and on this code with
     # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm.
     # The patch is made here (`git diff OLD -- worker ocrq > .ab/new.patch`) and carried (.ab)
     # IMAGES=N: jobs of N (200); AB_WAIT=0: no 1500 ms row; GOV=0: no in-process row
     mkdir -p "$OUT/rows"; n=${IMAGES:-200}; sfx=${IMAGES:+-$IMAGES}
-    [ "${GOV:-1}" = 1 ] && { timeout ${GOV_S:-200} python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds \
-      --model $WORK/hunyuan-full --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1
-      echo "[row] gpu_governor$sfx rc=$?"; grep "'mode': 'governor'" "$OUT/gpu-governor$sfx.log" | cut -c1-300; }
+    if [ "${GOV:-1}" = 1 ]; then governor_row ${GOV_S:-200}; fi
     ab() {  # ab NAME DIR: bench.gpu_worker from DIR's code
       (cd "$2" && PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:$2 timeout ${WORKER_S:-200} python3 -m bench.gpu_worker \
         --images "$n" --out "$OUT/rows/$1.json" --work $WORK > "$OUT/$1.log" 2>&1); echo "[row] $1 rc=$?"
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', j['job'], j['img_per_s'], j['batch_sizes'], j['engine_busy_s'], j['engine_idle_s']) for j in d['jobs']]" "$OUT/rows/$1.json"
+      worker_jobs "$OUT/rows/$1.json"
     }
     ab gpu_worker$sfx "$PWD"
-    [ -f .ab/new.patch ] || echo "[row] gpu_worker_old skipped: no .ab/new.patch carried"
-    [ -f .ab/new.patch ] && rm -rf /tmp/old-tree && mkdir -p /tmp/old-tree && cp -r ocrq ocrq_cli worker producer bench /tmp/old-tree/ \
-      && (cd /tmp/old-tree && patch -s -p1 -R < "$OLDPWD/.ab/new.patch") && ab gpu_worker_old$sfx /tmp/old-tree
-    [ "${AB_WAIT:-1}" = 1 ] && OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500$sfx "$PWD" ;;
+    old_tree && ab gpu_worker_old$sfx /tmp/old-tree
+    if [ "${AB_WAIT:-1}" = 1 ]; then OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500$sfx "$PWD"; fi ;;
   gpu-tests)
     timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
       --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;

@@ -74,6 +74,7 @@ def test_without_memfd_large_blobs_are_pickled(monkeypatch: pytest.MonkeyPatch) 
         big = os.urandom(3 << 20)
         sender = threading.Thread(target=memfd_pipe.send, args=(a, "m", [big]))  # more than the socket holds
         sender.start()
+        assert b.poll(10), "nothing sent"  # a sender that raised sends nothing: fail, do not hang
         with memfd_pipe.receive(b) as (meta, views):
             assert meta == "m" and bytes(views[0]) == big and _memfd_mappings() == 0
         sender.join(10)
