@@ -2,6 +2,9 @@
 file when the job asked for it) under ``results/{job}/export/``, then a ``_SUCCESS`` marker,
 the convention Spark, Airflow and Glue sensors wait for (paths: ``ocrq.keys``).
 
+Once the export is written, the job is archived (``JobIndex.archive``): its per-image records
+leave Redis, and readers take it from the store.
+
 Who writes it: the worker whose chunk completes the job (done + failed = total) sets
 ``ocrq:job:{job}:finishing`` (SET NX, so one of several workers finishing at once) and publishes
 the ``ocrq.finish_job`` task; any worker runs it (acks late: a worker killed while exporting gives
@@ -22,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ocrq import gcpause, keys
-from ocrq.jobs import JobIndex
-from ocrq.results import ImageResult, json_line
+from ocrq.feed import Line, shard_lines, submissions
+from ocrq.jobs import MARKS, JobIndex
+from ocrq.redact import redact_url
+from ocrq.results import ImageRecord, ImageResult, ImageStatus, json_line
+from ocrq.scripts import set_nx
 from ocrq.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)
@@ -39,7 +45,7 @@ def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], 
     """Publish the export of ``job`` once, if it is finished. ``send(task_id)`` publishes it."""
     if not finished(index.counts(job)):
         return False
-    if not redis.set(keys.job_finishing(job), "1", nx=True, ex=ttl):
+    if not set_nx(redis, keys.job_finishing(job), "1", ttl):  # (past maxmemory: finishes accepted work)
         return False  # someone else published it already
     try:
         send(f"finish-{job}-{time.time_ns()}")
@@ -56,25 +62,54 @@ def invalidate(redis: Any, store: ResultStore, job: str) -> None:
 
 
 def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH) -> Iterator[ImageResult]:
-    """Every image of the job: finished ones with their stored document, others as records.
-    Documents are read ``batch`` at a time (one store ``get_many``: one SQLite query, or S3 GETs
-    in parallel) and parsed from their raw bytes, the collector held off (``ocrq.gcpause``)."""
-    records = index.scan(job)
-    while True:
-        # the batch's records all survive (ocrq.gcpause); the index's HSCAN page is a few ms
+    """Every image of the job. A finished job's come from the store (every final image's document
+    is written before its record, and an archived job has no records left in Redis). A running
+    job's are walked in submission order (its refs shards, ``ocrq.feed``): a final image with its
+    stored document, one a worker is on as its record, a queued one as a record made from its
+    shard line. Documents are read ``batch`` at a time (one store ``get_many``: one SQLite query,
+    or S3 GETs in parallel) and parsed from their raw bytes, the collector held off
+    (``ocrq.gcpause``)."""
+    if finished(index.counts(job)):
+        yield from stored_results(store, job, batch)
+        return
+    for sub in submissions(index.redis, job):
+        for window in range(sub.written):
+            lines = shard_lines(store, job, sub, window)
+            for start in range(0, len(lines), batch):
+                yield from _running_part(index, store, job, lines[start:start + batch])
+
+
+def _running_part(index: JobIndex, store: ResultStore, job: str, lines: list[Line]) -> list[ImageResult]:
+    values = index.raw(job, [i for i, _, _ in lines])
+    final = {i: keys.result_object(job, i) for (i, _, _), v in zip(lines, values, strict=True)
+             if v is not None and v[:1] in (b"d", b"c", b"f")}
+    # the store read runs with the collector on: S3 GETs may take seconds, other threads go on
+    docs = store.get_many(final.values(), raw=True) if final else {}
+    parsed: list[ImageResult] = []
+    with gcpause.paused():
+        for (image_id, ref, row), value in zip(lines, values, strict=True):
+            raw = docs.get(final[image_id]) if image_id in final else None
+            if raw is not None:
+                parsed.append(ImageResult.model_validate_json(raw))
+            elif value is not None and value[:1] == b"{":
+                parsed.append(ImageResult(record=ImageRecord.model_validate_json(value)))
+            else:  # queued (or final without its document): what the shard says
+                status = MARKS.get(value.decode()[:1], ImageStatus.queued) if value else ImageStatus.queued
+                parsed.append(ImageResult(record=ImageRecord(id=image_id, job=job, ref=redact_url(ref),
+                                                             status=status, row=row)))
+    return parsed
+
+
+def stored_results(store: ResultStore, job: str, batch: int = _LOAD_BATCH) -> Iterator[ImageResult]:
+    """The job's result documents as the store holds them (one per image that reached a final
+    state), listed then read ``batch`` at a time: no Redis needed."""
+    export = keys.export_prefix(job)
+    paths = (p for p in store.list(keys.results_prefix(job)) if not p.startswith(export))
+    while part := list(islice(paths, batch)):
+        docs = store.get_many(part, raw=True)
         with gcpause.paused():
-            part = list(islice(records, batch))
-        if not part:
-            return
-        paths = {rec.id: keys.result_object(rec.job, rec.id) for rec in part if rec.status.final}
-        # the store read runs with the collector on: S3 GETs may take seconds, other threads go on
-        docs = store.get_many(paths.values(), raw=True) if paths else {}
-        parsed: list[ImageResult] = []
-        with gcpause.paused():
-            for rec in part:
-                raw = docs.get(paths[rec.id]) if rec.id in paths else None
-                parsed.append(ImageResult.model_validate_json(raw) if raw is not None else ImageResult(record=rec))
-        yield from parsed  # outside the pause: the caller's own work runs with the collector on
+            parsed = [ImageResult.model_validate_json(docs[p]) for p in part if p in docs]
+        yield from parsed
 
 
 def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:

@@ -1,6 +1,8 @@
-"""The failed registry, read and pruned: the Redis ZSET (``keys.FAILED``, scored by failure time)
-and its durable mirror in the store (``keys.failed_object``), which the worker writes beside each
-failed image's result so losing Redis does not lose the list of what failed.
+"""The failed registry, read and pruned: each running job's ZSET in Redis (``keys.job_failed``,
+scored by failure time) and the durable mirror in the store (``keys.failed_object``), which the
+worker writes beside each failed image's result so losing Redis does not lose the list of what
+failed. Once a job is archived (finished and exported: ``ocrq.jobs``), the mirror is its
+registry: Redis keeps nothing per image of a finished job.
 
 A store entry is stale once the image's result document is no longer ``failed`` (it was
 reprocessed and succeeded); ``from_store`` skips those.
@@ -58,27 +60,29 @@ def _matches(rec: ImageRecord, error: str | None) -> bool:
     return error is None or (rec.error is not None and rec.error.type == error)
 
 
-def from_redis(index: JobIndex, job: str | None = None, error: str | None = None,
+def registered(index: JobIndex, store: ResultStore, job: str | None = None, error: str | None = None,
                since: float | None = None, limit: int | None = None) -> Iterator[FailedImage]:
-    """Oldest first. Members are read in pages; records of one job are read in one HMGET.
-    ``limit`` (without ``error``): only the oldest ``limit`` records are read."""
-    members = index.redis.zrangebyscore(keys.FAILED, since if since is not None else "-inf", "+inf",
-                                        withscores=True)
-    by_job: dict[str, list[tuple[str, float]]] = {}
-    cap = limit if error is None else None  # with an error filter, records decide what counts
-    for member, score in members:
-        j, _, image_id = member.decode().partition("/")
-        if job is None or j == job:
-            by_job.setdefault(j, []).append((image_id, float(score)))
-            if cap is not None and (cap := cap - 1) <= 0:
-                break
+    """Oldest first, over one job or every known job. A running job's failures are its registry in
+    Redis, their records read from the store's mirror (one ``get_many`` per job: Redis keeps no
+    record of a final image); an archived job's are the mirror alone. ``limit`` (without
+    ``error``): at most that many."""
     found: list[FailedImage] = []
-    for j, entries in by_job.items():
-        records = index.get(j, [i for i, _ in entries])
-        for (_, score), rec in zip(entries, records, strict=True):
-            if rec is not None and rec.status == ImageStatus.failed and _matches(rec, error):
-                found.append(FailedImage(rec, score))
-    yield from sorted(found, key=lambda f: f.failed_at)
+    cap = limit if error is None else None  # with an error filter, records decide what counts
+    for j in [job] if job is not None else index.jobs():
+        if index.archived(j):
+            found += from_store(store, j, error, since)
+            continue
+        entries = index.failed(j, since, cap)
+        docs = store.get_many([keys.failed_object(j, i) for i, _ in entries])
+        for image_id, score in entries:
+            doc = docs.get(keys.failed_object(j, image_id))
+            if not isinstance(doc, dict):
+                continue
+            rec = ImageRecord.model_validate(doc["record"])
+            if rec.status == ImageStatus.failed and _matches(rec, error):
+                found.append(FailedImage(rec, score, doc.get("task"), doc.get("params")))
+    found.sort(key=lambda f: f.failed_at)
+    yield from found if cap is None else found[:cap]
 
 
 def from_store(store: ResultStore, job: str | None = None, error: str | None = None,
@@ -99,24 +103,31 @@ def from_store(store: ResultStore, job: str | None = None, error: str | None = N
         yield FailedImage(rec, failed_at, doc.get("task"), doc.get("params"))
 
 
-def find(index: JobIndex, image: str) -> tuple[str, str] | None:
-    """``job/id`` or a bare image id (unique across jobs by construction) → (job, id)."""
+def find(index: JobIndex, image: str, store: ResultStore | None = None) -> tuple[str, str] | None:
+    """``job/id`` or a bare image id (unique across jobs by construction) → (job, id): looked up
+    in each known job's failed registry, or its store mirror once the job is archived."""
     if "/" in image:
         j, _, image_id = image.partition("/")
         return j, image_id
-    for j, image_id in index.failed():
-        if image_id == image:
-            return j, image_id
+    for j in index.jobs():
+        if index.archived(j):
+            if store is not None and store.get_json(keys.failed_object(j, image)) is not None:
+                return j, image
+        elif index.redis.zscore(keys.job_failed(j), image) is not None:
+            return j, image
     return None
 
 
 def purge(index: JobIndex, store: ResultStore, job: str | None = None, error: str | None = None) -> int:
     """Forget failed images (from the registry and its mirror); their job records stay failed."""
-    doomed = list(from_redis(index, job, error))
+    doomed = list(registered(index, store, job, error))
     stored = {(f.record.job, f.record.id) for f in from_store(store, job, error)}
     pairs = {(f.record.job, f.record.id) for f in doomed} | stored
-    if doomed:
-        index.redis.zrem(keys.FAILED, *(keys.failed_member(f.record.job, f.record.id) for f in doomed))
+    by_job: dict[str, list[str]] = {}
+    for f in doomed:
+        by_job.setdefault(f.record.job, []).append(f.record.id)
+    for j, ids in by_job.items():
+        index.redis.zrem(keys.job_failed(j), *ids)
     for j, image_id in pairs:
         store.delete(keys.failed_object(j, image_id))
     return len(pairs)

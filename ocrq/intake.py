@@ -77,6 +77,14 @@ class IntakePlan:
             ref, row = json.loads(line)
             yield ref, row
 
+    def lines(self) -> Iterator[str]:
+        """The accepted entries as spooled (one JSON line each, in order): what identifies a
+        submission (ocrq.feed.submission_id)."""
+        if self._spool is None:
+            return
+        self._spool.seek(0)
+        yield from self._spool
+
     def hint(self) -> str | None:
         """What to change when refs were refused for their roots, naming the directory."""
         for entry in self.refused_sample:

@@ -1,62 +1,127 @@
-"""The job index in Redis: per-image records, exact status counts, the failed registry.
+"""The job index in Redis: per-image records while a job runs, exact status counts, the job's
+failed registry, and what its images cost.
 
 All writes go through one Lua script so a batch of records is one round trip and the counts
 stay exact under redelivery (a record only moves the counters when its status changes), and so
 a final ``done`` is never overwritten by a stale redelivery. Keys: see ``ocrq.keys``.
+
+A finished job leaves Redis (``archive``): once its export is written, its per-image records and
+failed registry are deleted; its meta and counts stay (``job_ttl``). Every final image's document
+is in the store (written before its record), so readers take a finished job from there
+(``ocrq.export.results``, ``ocrq.failed``). Per image, a finished job then keeps nothing in Redis.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ocrq import keys
 from ocrq.results import ImageRecord, ImageStatus
+from ocrq.scripts import PastMaxmemory
 
-# KEYS: images hash, counts hash, failed zset, job meta hash
-# ARGV: now, ttl, mode ("submit" | "update" | "force"), job, then (id, status, cached, doc) quads.
-# Returns one flag per item: 1 = written (or, for submit, needs publishing), 0 = left alone.
+# KEYS: images hash, counts hash, the job's failed zset, job meta hash
+# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.feed), then (id, status, cached,
+# doc, engine_s, batch_size) per image. A record is a one-letter marker unless a worker is on the
+# image: "q{owner}" queued, no message yet (the submission's shard is its feed: ocrq.feed); "p"
+# queued in a message; "d"/"c" done (engine / cache); "f" failed; running and retrying images
+# hold their ImageRecord JSON (``doc``). A final image's full record is its store document.
+# Modes: "submit" records new images (never resets one) and says which need its submission's
+# shard: new ones, and those it recorded before without publishing them (a resumed submit);
+# "update" (the workers) moves only images that have a record (an archived job's have none: a
+# stale redelivery is ignored) and never moves a done one back; "force" (reprocess) writes
+# whatever is there, queued ones as published; "reopen" (reprocess of an archived job) is force
+# for images whose record left with the archive: they were failed.
+# Returns one flag per item: 1 = written (submit: needs a shard line), 0 = left alone.
 _RECORD_LUA = """
-local now, ttl, mode, job = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now, ttl, mode, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued'}
 local out = {}
-for i = 5, #ARGV, 4 do
+local opened = false
+for i = 5, #ARGV, 6 do
   local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
   local old = redis.call('HGET', KEYS[1], id)
-  local ost, ocached = false, false
+  local ost, ocached, opub = false, false, false
   if old then
-    local o = cjson.decode(old)
-    ost = o['status']
-    ocached = o['cached'] == true
+    local head = string.sub(old, 1, 1)
+    if head == '{' then
+      local o = cjson.decode(old)
+      ost = o['status']
+      ocached = o['cached'] == true
+    else
+      ost = marks[head]
+      ocached = head == 'c'
+      opub = head == 'p'
+    end
+  elseif mode == 'reopen' then
+    ost = 'failed'
   end
   local write = true
   if mode == 'submit' then
-    -- a re-submission never resets an existing record; unfinished ones are re-published
     write = (old == false)
-    out[#out + 1] = ((old == false) or (ost ~= 'done' and ost ~= 'failed')) and 1 or 0
+    out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
   else
-    if mode == 'update' and ost == 'done' and st ~= 'done' then write = false end
+    if mode == 'update' and (old == false or (ost == 'done' and st ~= 'done')) then write = false end
     out[#out + 1] = write and 1 or 0
   end
   if write then
-    redis.call('HSET', KEYS[1], id, doc)
-    if ost then redis.call('HINCRBY', KEYS[2], ost, -1) end
+    local value = doc
+    if st == 'done' then value = (cached == '1') and 'c' or 'd'
+    elseif st == 'failed' then value = 'f'
+    elseif st == 'queued' then value = (mode == 'submit') and ('q' .. owner) or 'p' end
+    redis.call('HSET', KEYS[1], id, value)
+    if opub then redis.call('HINCRBY', KEYS[2], 'published', -1) end
+    if st == 'queued' and mode ~= 'submit' then redis.call('HINCRBY', KEYS[2], 'published', 1) end
+    if ost then redis.call('HINCRBY', KEYS[2], ost, -1) else redis.call('HINCRBY', KEYS[2], 'total', 1) end
     redis.call('HINCRBY', KEYS[2], st, 1)
     if ost == 'done' and ocached then redis.call('HINCRBY', KEYS[2], 'cached', -1) end
     if st == 'done' and cached == '1' then redis.call('HINCRBY', KEYS[2], 'cached', 1) end
-    local member = job .. '/' .. id
-    if st == 'failed' then redis.call('ZADD', KEYS[3], now, member)
-    elseif ost == 'failed' then redis.call('ZREM', KEYS[3], member) end
+    if st == 'done' and ost ~= 'done' then
+      if engine_s ~= '' then
+        redis.call('HINCRBYFLOAT', KEYS[2], 'engine_s', engine_s)
+        redis.call('HINCRBY', KEYS[2], 'engine_images', 1)
+        if batch_size and batch_size > 0 then redis.call('HINCRBYFLOAT', KEYS[2], 'batches', 1 / batch_size) end
+      end
+      local last = tonumber(redis.call('HGET', KEYS[2], 'last_done') or '0')
+      if tonumber(now) > last then redis.call('HSET', KEYS[2], 'last_done', now) end
+    end
+    if st == 'failed' then redis.call('ZADD', KEYS[3], now, id)
+    elseif ost == 'failed' then redis.call('ZREM', KEYS[3], id) end
+    if mode ~= 'update' then opened = true end
   end
 end
+if opened then redis.call('HDEL', KEYS[4], 'archived') end
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[4], ttl)
+if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) end
 return out
 """
 
+# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag. Archives the job when it
+# is finished and its export was asked for since its last new work (submit and reprocess clear the
+# flag): the per-image keys go (UNLINK: freed off Redis's main thread), meta and counts stay.
+_ARCHIVE_LUA = """
+local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed')
+local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
+if done + failed < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
+redis.call('HSET', KEYS[4], 'archived', '1')
+redis.call('UNLINK', KEYS[1], KEYS[3])
+return 1
+"""
+
 _BATCH = 500
+_IN_WORK = (ImageStatus.running, ImageStatus.retrying)
+#: what a marker says (the record Lua's ``marks``)
+MARKS = {"d": ImageStatus.done, "c": ImageStatus.done, "f": ImageStatus.failed, "p": ImageStatus.queued,
+         "q": ImageStatus.queued}
+#: counts fields that are not image statuses (what the job cost; see ``ocrq.jobcost``)
+COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done")
+#: counts fields that are neither statuses nor cost: queued images in a message (the feed window)
+WINDOW_FIELDS = ("published",)
 
 
 class JobIndex:
@@ -64,19 +129,26 @@ class JobIndex:
         self.redis = redis
         self.ttl = ttl
         self._script = redis.register_script(_RECORD_LUA)
+        # the workers' updates finish accepted work: they run past maxmemory (ocrq.scripts)
+        self._update = PastMaxmemory(redis, _RECORD_LUA)
+        self._archive = redis.register_script(_ARCHIVE_LUA)
 
     # --- writes ----------------------------------------------------------------------------
 
     def create(self, job: str, meta: dict[str, Any]) -> None:
+        now = time.time()
         pipe = self.redis.pipeline()
-        pipe.zadd(keys.JOBS, {job: time.time()}, nx=True)
-        pipe.hsetnx(keys.job(job), "created", time.time())
+        pipe.zadd(keys.JOBS, {job: now}, nx=True)
+        # the list of jobs keeps those whose keys can still be alive (job_ttl): it never grows forever
+        pipe.zremrangebyscore(keys.JOBS, "-inf", now - self.ttl)
+        pipe.hsetnx(keys.job(job), "created", now)
         pipe.hset(keys.job(job), mapping={k: json.dumps(v) for k, v in meta.items()})
         pipe.expire(keys.job(job), self.ttl)
         pipe.execute()
 
-    def record(self, records: Sequence[ImageRecord], mode: str = "update") -> list[bool]:
-        """Write records (all of one job per call is typical, but not required)."""
+    def record(self, records: Sequence[ImageRecord], mode: str = "update", owner: int = 0) -> list[bool]:
+        """Write records (all of one job per call is typical, but not required). ``owner``: the
+        submission recording them (mode ``submit``; ocrq.feed)."""
         flags: list[bool] = []
         by_job: dict[str, list[ImageRecord]] = {}
         for rec in records:
@@ -84,17 +156,39 @@ class JobIndex:
         now = time.time()
         for job, recs in by_job.items():
             for start in range(0, len(recs), _BATCH):
-                argv: list[Any] = [now, self.ttl, mode, job]
+                argv: list[Any] = [now, self.ttl, mode, owner]
                 for rec in recs[start:start + _BATCH]:
                     rec.updated = now
-                    argv += [rec.id, rec.status.value, "1" if rec.cached else "0",
-                             rec.model_dump_json(exclude_none=True)]
-                res = self._script(
-                    keys=[keys.job_images(job), keys.job_counts(job), keys.FAILED, keys.job(job)],
-                    args=argv,
-                )
+                    # only an image a worker is on keeps its record in Redis (others: a marker)
+                    doc = rec.model_dump_json(exclude_none=True) if rec.status in _IN_WORK else ""
+                    argv += [rec.id, rec.status.value, "1" if rec.cached else "0", doc,
+                             "" if rec.engine_s is None else repr(float(rec.engine_s)), rec.batch_size or 0]
+                script = self._update if mode == "update" else self._script
+                res = script(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job), keys.job(job)],
+                             args=argv)
                 flags += [bool(x) for x in res]
         return flags
+
+    def record_queued(self, job: str, ids: Sequence[str], owner: int) -> list[bool]:
+        """Record new images of submission ``owner`` as queued (mode ``submit``, no record built:
+        a marker is all Redis keeps); True where the submission's shard needs the image."""
+        flags: list[bool] = []
+        now = time.time()
+        for start in range(0, len(ids), _BATCH):
+            argv: list[Any] = [now, self.ttl, "submit", owner]
+            for image_id in ids[start:start + _BATCH]:
+                argv += [image_id, "queued", "0", "", "", 0]
+            res = self._script(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job), keys.job(job)],
+                               args=argv)
+            flags += [bool(x) for x in res]
+        return flags
+
+    def archive(self, job: str) -> bool:
+        """Move a finished, exported job out of Redis: its per-image records and failed registry
+        are deleted (their documents are in the store), its meta and counts stay. False when the
+        job got new work since its export was asked for (it is archived after its next export)."""
+        return bool(self._archive(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job),
+                                        keys.job(job), keys.job_finishing(job)]))
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -105,36 +199,55 @@ class JobIndex:
         raw = self.redis.hgetall(keys.job(job))
         return {k.decode(): json.loads(v) for k, v in raw.items()}
 
+    def archived(self, job: str) -> bool:
+        """Whether the job's per-image state has left Redis (read it from the store)."""
+        return self.redis.hget(keys.job(job), "archived") is not None
+
     def counts(self, job: str) -> dict[str, int]:
+        """Images by status, plus ``total`` and ``cached`` (exact; what the job cost: ``cost``)."""
         pipe = self.redis.pipeline()
         pipe.hgetall(keys.job_counts(job))
         pipe.hlen(keys.job_images(job))
-        raw, total = pipe.execute()
+        raw, records = pipe.execute()
+        fields = {k.decode(): v for k, v in raw.items()}
         counts = {s.value: 0 for s in ImageStatus}
-        counts.update({k.decode(): int(v) for k, v in raw.items()})
+        counts.update({k: int(v) for k, v in fields.items() if k not in COST_FIELDS})
+        counts.pop("published", None)
         counts["cached"] = counts.get("cached", 0)
-        counts["total"] = int(total)
+        # jobs recorded before the total was counted: their records are all there
+        counts["total"] = counts.get("total") or int(records)
         return counts
 
-    def get(self, job: str, ids: Iterable[str]) -> list[ImageRecord | None]:
-        ids = list(ids)
-        if not ids:
-            return []
-        raw = self.redis.hmget(keys.job_images(job), ids)
-        return [ImageRecord.model_validate_json(r) if r else None for r in raw]
+    def cost(self, job: str) -> dict[str, float]:
+        """The cost fields of the job's counts (engine seconds, images and batches, last done)."""
+        raw = self.redis.hmget(keys.job_counts(job), COST_FIELDS)
+        return {k: float(v) if v is not None else 0.0 for k, v in zip(COST_FIELDS, raw, strict=True)}
 
-    def scan(self, job: str, count: int = 1000) -> Iterator[ImageRecord]:
-        for _, raw in self.redis.hscan_iter(keys.job_images(job), count=count):
-            yield ImageRecord.model_validate_json(raw)
+    def get(self, job: str, ids: Iterable[str]) -> list[ImageRecord | None]:
+        """The records of images a worker is on (running, retrying); None for the others (a
+        marker: ``raw``), and for images the job does not have."""
+        return [ImageRecord.model_validate_json(r) if r and r[:1] == b"{" else None for r in self.raw(job, ids)]
+
+    def raw(self, job: str, ids: Iterable[str]) -> list[bytes | None]:
+        """What Redis holds for each image: a marker (``MARKS``: b"q3", b"p", b"d", b"c", b"f"),
+        a running or retrying image's ImageRecord JSON, or None."""
+        ids = list(ids)
+        return list(self.redis.hmget(keys.job_images(job), ids)) if ids else []
+
+    def window(self, job: str) -> int:
+        """Images of the job in flight: in a message, or a worker on them (ocrq.feed's window)."""
+        raw = self.redis.hmget(keys.job_counts(job), ("published", "running", "retrying"))
+        return sum(int(v) for v in raw if v is not None)
 
     def jobs(self) -> list[str]:
         return [j.decode() for j in self.redis.zrange(keys.JOBS, 0, -1)]
 
-    def failed(self, job: str | None = None, limit: int = 100_000) -> list[tuple[str, str]]:
-        """(job, image id) pairs in the failed registry, oldest first."""
-        out = []
-        for member in self.redis.zrange(keys.FAILED, 0, limit - 1):
-            j, _, image = member.decode().partition("/")
-            if job is None or j == job:
-                out.append((j, image))
-        return out
+    def failed(self, job: str, since: float | None = None, limit: int | None = None) -> list[tuple[str, float]]:
+        """(image id, failed at) in the job's failed registry, oldest first (empty once archived)."""
+        start = since if since is not None else "-inf"
+        if limit is None:
+            pairs = self.redis.zrangebyscore(keys.job_failed(job), start, "+inf", withscores=True)
+        else:
+            pairs = self.redis.zrangebyscore(keys.job_failed(job), start, "+inf", start=0, num=limit,
+                                             withscores=True)
+        return [(member.decode(), float(score)) for member, score in pairs]

@@ -1,37 +1,67 @@
 """Every Redis key, S3/local-store prefix and deterministic id ocrq uses, in one place.
 
-Redis (all under ``ocrq:``; Celery's own keys — ``celery-task-meta-*``, the queue lists named
-after ``settings.queue.name``, ``unacked*`` — live beside them in the same database):
+Redis (all under ``ocrq:``; Celery's own keys — the queue lists named after ``settings.queue.name``,
+``unacked``, ``unacked_index``, ``unacked_mutex``, ``_kombu.binding.*``, ``celery-task-meta-*`` —
+live beside them in the same database). Redis holds what is in flight; a finished job's per-image
+state is in the store. For each key: what it holds, then how it grows and what bounds it.
 
-    ocrq:jobs                         ZSET  job name -> created (epoch s)         no TTL
-    ocrq:job:{job}                    HASH  meta: task, params, queue, priority (reprocess
-                                            re-publishes there), exports, skipped (+ sample),
-                                            created                              job_ttl
-    ocrq:job:{job}:images             HASH  image id -> ImageRecord JSON (compact) job_ttl
-    ocrq:job:{job}:counts             HASH  status -> n (+ "cached"), kept exact by a Lua script
-                                                                                 job_ttl
-    ocrq:job:{job}:finishing          STR   set (NX) by the worker that saw the job complete and
-                                            published its export task; cleared when the job gets
-                                            new work (submit, reprocess)                 job_ttl
-    ocrq:failed                       ZSET  "{job}/{image id}" -> failed at (epoch s)   no TTL
-    ocrq:cache:{cache key}            STR   OcrOutput list JSON (hot copy)         cache_ttl
-    ocrq:workers:{hostname}           STR   governor/engine state for metrics, the worker's
-                                            allowed roots (producers check local refs against
-                                            them at submit) and its process (host, pid, var dir:
-                                            ocrq up/down tell stacks apart)     60 s, refreshed
-    ocrq:governor:{fingerprint}       STR   governor snapshot (learned memory model) 30 d, refreshed
-    ocrq:held:{hostname}              SET   delivery tags the worker holds unacked   dead_worker_s, refreshed 1/s
-    ocrq:reaper:suspects              HASH  unclaimed old unacked tag -> first seen  1 d, refreshed per sweep
-    ocrq:consumers:{queue}            ZSET  worker hostname -> last seen (epoch s)   1 h, refreshed 1/s
-    ocrq:ring:{queue}                 LIST  wake-up tokens, one pushed beside each published message;
-                                            workers BRPOP it, then claim a message atomically
-                                            (ocrq.transport)                     capped at 10,000
+    ocrq:jobs                  ZSET  job name -> created (epoch s)
+        per job; members older than job_ttl are trimmed at each create
+    ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
+                                     there), exports, skipped (+ sample), created, archived
+        per job; job_ttl (30 d)
+    ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
+                                     batches, last_done (what it cost); exact (one Lua script)
+        per job; job_ttl
+    ocrq:job:{job}:images      HASH  image id -> ImageRecord JSON (compact)
+        per image of a running job; deleted when the job is archived (finished and exported),
+        else job_ttl
+    ocrq:job:{job}:failed      ZSET  image id -> failed at (epoch s): the job's failed registry
+        per failed image of a running job; deleted with the records, else job_ttl
+    ocrq:job:{job}:feed        HASH  the job's submissions (sub:{id} -> ordinal, windows, task,
+                                     params, queue, priority) and, per submission, its shards
+                                     written and fed (ocrq.feed)
+        per submission; job_ttl
+    ocrq:feeding               SET   jobs with a shard written and not yet fed
+        per job being fed; a job leaves once every shard is fed
+    ocrq:job:{job}:finishing   STR   set (NX) by the worker that saw the job complete and
+                                     published its export; cleared by new work (submit, reprocess)
+        per job; job_ttl
+    ocrq:hot                   HASH  the hot cache's state: current generation, bytes written
+        one key (on redis.cache_url); cache_ttl
+    ocrq:hot:{generation}      HASH  cache key -> OcrOutput list JSON (hot copy)
+        per cache entry; all generations together hold at most redis.cache_max_bytes (two live,
+        worker.cache); cache_ttl
+    ocrq:workers:{hostname}    STR   governor/engine state for metrics, the worker's allowed roots
+                                     (producers check local refs against them at submit) and its
+                                     process (host, pid, var dir: ocrq up/down tell stacks apart)
+        per worker; 60 s, refreshed
+    ocrq:governor:{fingerprint} STR  governor snapshot (learned memory model)
+        per model, engine settings and device size; 30 d, refreshed
+    ocrq:held:{hostname}       SET   delivery tags the worker holds unacked
+        per worker (its prefetch window); dead_worker_s, refreshed 1/s
+    ocrq:reaper:suspects       HASH  unclaimed old unacked tag -> first seen
+        per unacked message of a dead worker; entries leave with the tag; 1 d, refreshed per sweep
+    ocrq:consumers:{queue}     ZSET  worker hostname -> last seen (epoch s)
+        per worker; 1 h, refreshed 1/s
+    ocrq:ring:{queue}          LIST  wake-up tokens, one pushed beside each published message;
+                                     workers BRPOP it, then claim a message (ocrq.transport)
+        per published message; capped at 10,000
+
+Celery's keys: a queue list holds the messages of what was submitted and not yet taken (one per
+chunk of ``queue.chunk_size`` refs: a submission publishes all its chunks at once, so this grows
+with the refs of unfinished submissions); ``unacked``/``unacked_index`` hold the chunks workers
+have taken and not acknowledged (bounded by the workers' prefetch windows); ``celery-task-meta-*``
+holds each chunk task's summary for ``result_expires`` (24 h; a few hundred bytes per chunk).
 
 Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
 ``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
 ``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
+    {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
+                                            line [image id, ref, manifest row] per image it added;
+                                            deleted when the job is archived
     {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
     {prefix}failed/{job}/{image id}.json    durable mirror of the failed registry: the failed
                                             record + task, params (``ocrq failed --from-store``);
@@ -39,6 +69,11 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
     {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
     {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
+
+The store is the history: per image of a job it grows by one result document and, on a first
+read of the bytes, one cache entry (plus a failed mirror per failed image); per job by its
+export. ocrq never deletes results: what bounds them is the bucket's lifecycle rules (S3) or the
+operator (the local store).
 
 Ids: image id = sha256(job NUL ref)[:32] (plus NUL + the manifest row's JSON when the ref came with
 extra columns, so two rows naming one file stay two results); chunk task id = sha256(job NUL first id NUL n)[:32];
@@ -56,7 +91,8 @@ from typing import Any
 
 PREFIX = "ocrq:"
 JOBS = PREFIX + "jobs"
-FAILED = PREFIX + "failed"
+#: the hot cache's state: its current generation and the bytes written into it (worker.cache)
+HOT_STATE = PREFIX + "hot"
 
 
 def job(job_name: str) -> str:
@@ -71,12 +107,29 @@ def job_counts(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}:counts"
 
 
+def job_feed(job_name: str) -> str:
+    """The job's submissions and how far each is fed (ocrq.feed)."""
+    return f"{PREFIX}job:{job_name}:feed"
+
+
+#: jobs with a submission shard written and not yet fed: what every worker's feeder looks at
+FEEDING = PREFIX + "feeding"
+
+
 def job_finishing(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}:finishing"
 
 
-def cache(cache_key: str) -> str:
-    return f"{PREFIX}cache:{cache_key}"
+def job_failed(job_name: str) -> str:
+    """The job's failed registry while it runs (image id -> failed at); the store's mirror
+    (``failed_object``) is the record once the job is archived."""
+    return f"{PREFIX}job:{job_name}:failed"
+
+
+def hot_generation(generation: str) -> str:
+    """One generation of the hot cache (cache key -> outputs JSON); ``hot_generation("")`` is
+    the prefix the cache's scripts append the generation number to."""
+    return f"{PREFIX}hot:{generation}"
 
 
 def worker_state(hostname: str) -> str:
@@ -120,14 +173,18 @@ def governor_profile(fingerprint: str) -> str:
 GOVERNOR_PROFILE_TTL_S = 30 * 86400
 
 
-def failed_member(job_name: str, image_id: str) -> str:
-    return f"{job_name}/{image_id}"
-
-
 # --- durable store paths (relative to the store prefix) -------------------------------------
 
 def cache_object(cache_key: str) -> str:
     return f"cache/{cache_key}.json"
+
+
+def refs_prefix(job_name: str) -> str:
+    return f"jobs/{job_name}/refs/"
+
+
+def refs_shard(job_name: str, submission: str, window: int) -> str:
+    return refs_prefix(job_name) + f"{submission}/{window:06d}.jsonl"
 
 
 def result_object(job_name: str, image_id: str) -> str:

@@ -78,3 +78,26 @@ def checked_message(chunk: Chunk, cap: int) -> dict[str, Any]:
         raise TooLarge(f"a chunk message of {size} bytes exceeds queue.max_message_bytes ({cap}):"
                        " shorten the task params or lower queue.chunk_size")
     return message
+
+
+def item_bytes(item: Item) -> int:
+    """An item's share of a chunk message (its JSON and a separator)."""
+    return len(item.model_dump_json(exclude_defaults=False).encode()) + 1
+
+
+def chunk_groups(items: list[Item], size: int, cap: int, overhead: int = 1024) -> list[list[Item]]:
+    """``items`` in chunks of at most ``size`` whose messages stay under ``cap`` bytes (an item
+    alone over it makes a chunk of its own, which ``checked_message`` refuses)."""
+    groups: list[list[Item]] = []
+    part: list[Item] = []
+    used = overhead
+    for item in items:
+        n = item_bytes(item)
+        if part and (len(part) == size or used + n > cap):
+            groups.append(part)
+            part, used = [], overhead
+        part.append(item)
+        used += n
+    if part:
+        groups.append(part)
+    return groups

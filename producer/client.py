@@ -19,7 +19,6 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from ocrq import keys
 from ocrq.errors import RefusedRef, TooLarge
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
+from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
 from ocrq.intake import IntakePlan, plan_intake
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
@@ -48,8 +48,8 @@ from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-#: refs expanded and recorded per round trip while submitting
-_WINDOW = 4096
+#: progress(phase, done, total) of a submission: "recording", then "writing"
+Progress = Callable[[str, int, int], None]
 #: skipped files listed in the job's meta (all are counted)
 _SKIPPED_IN_META = 100
 
@@ -62,6 +62,7 @@ class Client:
         self._app: Any = None
         self._s3: Any = None
         self._store: ResultStore | None = None
+        self._feed: Feed | None = None
 
     @property
     def app(self) -> Any:
@@ -120,10 +121,14 @@ class Client:
 
     def submit(self, refs: Iterable[str] | IntakePlan, *, job: str, task: str = "text",
                params: dict[str, Any] | None = None, priority: int | None = None,
-               queue: str | None = None, parquet: bool = False) -> Job:
-        """Publish every accepted ref as job ``job``. Refs (or a ``plan`` of them) with any refused
-        entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the job's export at
-        completion also has a Parquet file (ocrq.export)."""
+               queue: str | None = None, parquet: bool = False, republish: bool = False,
+               progress: Progress | None = None) -> Job:
+        """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
+        the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
+        with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
+        job's export at completion also has a Parquet file (ocrq.export). The same submission
+        again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
+        worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it."""
         if not JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
         check_task(task)
@@ -137,48 +142,102 @@ class Client:
             if plan.refused:
                 raise SubmissionRefused(plan)
             return self._publish(plan, job, task, params, priority, queue or self.settings.queue.name,
-                                 parquet)
+                                 parquet, republish, progress)
         finally:
             plan.close()
 
     def _publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any], priority: int | None,
-                 queue: str, parquet: bool) -> Job:
+                 queue: str, parquet: bool, republish: bool = False, progress: Progress | None = None) -> Job:
+        self.check_room()
+        try:
+            return self._record_and_publish(plan, job, task, params, priority, queue, parquet, republish,
+                                            progress)
+        except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
+            raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
+
+    def _memory(self) -> tuple[int, int]:
+        """The broker Redis's (used_memory, maxmemory) in bytes (maxmemory 0: no limit)."""
+        info = self.redis.info("memory")
+        return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
+    def check_room(self) -> None:
+        """``BrokerFull`` when the broker's Redis holds ``redis.refuse_submit_at`` of its
+        ``maxmemory`` or more: new work waits, so the running jobs can finish (Redis refuses
+        writes at its limit, and the broker would stop with them)."""
+        used, limit = self._memory()
+        if limit and used >= self.settings.redis.refuse_submit_at * limit:
+            raise BrokerFull(self.settings.redis.url, used, limit)
+
+    def _record_and_publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any],
+                            priority: int | None, queue: str, parquet: bool, republish: bool,
+                            progress: Progress | None) -> Job:
+        feed = self.feed
+        windows = -(-plan.accepted // WINDOW)
+        sub, new = feed.register(job, submission_id(task, params, plan.lines()), windows, task, params, queue,
+                                 priority)
+        if not new and sub.written >= sub.windows:
+            # the same submission again, all of it written: the fleet feeds itself. Republish is
+            # the recovery after Redis lost data: what no worker finished goes out again
+            sent = feed.republish(job, sub) if republish else 0
+            feed.top_up(job)
+            self.request_export(job, queue)
+            return Job(self, job, published=sent, plan=plan, resumed=True)
+        self._check_sizes(plan, job)
+        # an archived job (finished and exported) keeps no records in Redis: its final images are
+        # the result documents in the store, and a re-submission leaves them alone
+        final = self._final_ids(job) if self.index.exists(job) and self.index.archived(job) else set()
         skipped = [redact_text(f"{e.value}: {e.reason}") for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": ["jsonl"] + (["parquet"] * parquet),
                                 "skipped": plan.skipped, "skipped_sample": skipped})
-        # Two passes over the spool: every image is recorded before the first chunk is published,
-        # so workers can never see a job "finished" (and export it) while its refs are still
-        # being recorded.
-        need = bytearray()
-        for window in _windows(plan.entries()):
-            queued = [ImageRecord(id=keys.image_id(job, ref, row), job=job, ref=redact_url(ref),
-                                  status=ImageStatus.queued, row=row) for ref, row in window]
-            need += bytes(self.index.record(queued, mode="submit"))
-        if any(need):  # new work: the job's export (if any) no longer describes it
+        # 1. every image is recorded before anything is fed, so workers can never see the job
+        # "finished" (and export it) while its refs are still being recorded
+        added = 0
+        for n, window in enumerate(read_entries(plan.entries())):
+            ids = [i for i in (keys.image_id(job, ref, row) for ref, row in window) if i not in final]
+            added += sum(self.index.record_queued(job, ids, sub.ordinal))
+            if progress:
+                progress("recording", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
+        if added:  # new work: the job's export (if any) no longer describes it
             invalidate(self.redis, self.store, job)
-        size = self.settings.queue.chunk_size
-        published = 0
-        offset = 0
-        with self.app.producer_or_acquire() as producer:
-            for window in _windows(plan.entries()):
-                todo = [Item(id=keys.image_id(job, ref, row), ref=ref, row=row)
-                        for n, (ref, row) in enumerate(window, offset) if need[n]]
-                offset += len(window)
-                for start in range(0, len(todo), size):
-                    part = todo[start:start + size]
-                    chunk = Chunk(job=job, task=task, params=params, items=part, priority=priority or 0)
-                    message = checked_message(chunk, self.settings.queue.max_message_bytes)
-                    self.app.send_task(
-                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
-                        task_id=keys.chunk_id(job, part[0].id, len(part)),
-                        queue=queue, priority=priority, producer=producer,
-                    )
-                    published += len(part)
+        # 2. the refs this submission added, as shards in the store; workers feed each one from
+        # the moment it is written (a resumed submit writes only those not written yet)
+        mine = b"q%d" % sub.ordinal
+        for n, window in enumerate(read_entries(plan.entries())):
+            if n < sub.written:
+                continue
+            lines = [(keys.image_id(job, ref, row), ref, row) for ref, row in window]
+            values = self.index.raw(job, [i for i, _, _ in lines])
+            self.store.put_many([(keys.refs_shard(job, sub.sub, n),
+                                  shard_bytes(line for line, v in zip(lines, values, strict=True) if v == mine))])
+            feed.written(job, sub, n + 1)
+            if n == 0:
+                feed.top_up(job)  # the fleet starts while the rest is written
+            if progress:
+                progress("writing", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
+        feed.top_up(job)
         # nothing left to run (no accepted file, or all already final): export now
         self.request_export(job, queue)
-        return Job(self, job, published=published, plan=plan)
+        return Job(self, job, published=added, plan=plan, resumed=not new)
+
+    def _check_sizes(self, plan: IntakePlan, job: str) -> None:
+        """``TooLarge`` before anything is recorded, for a ref whose message alone would exceed
+        ``queue.max_message_bytes`` (a manifest row too large to carry)."""
+        cap = self.settings.queue.max_message_bytes
+        for ref, row in plan.entries():
+            if not row:
+                continue  # refs alone are capped at refs.MAX_REF_CHARS: a chunk of them fits
+            item = Item(id=keys.image_id(job, ref, row), ref=ref, row=row)
+            checked_message(Chunk(job=job, items=[item]), cap)
+
+    @property
+    def feed(self) -> Feed:
+        if self._feed is None:
+            q = self.settings.queue
+            self._feed = Feed(self.redis, self.store, self.index, self.app, window=q.window, chunk_size=q.chunk_size,
+                              max_message_bytes=q.max_message_bytes)
+        return self._feed
 
     def request_export(self, job: str, queue: str | None = None, force: bool = False) -> bool:
         """Publish the job's export if it is finished and not exported yet (``force``: again)."""
@@ -193,14 +252,20 @@ class Client:
 
         return request_export(self.redis, self.index, job, send, self.settings.redis.job_ttl)
 
+    def _final_ids(self, job: str) -> set[str]:
+        """Image ids of the job that have a result document in the store (final ones)."""
+        export = keys.export_prefix(job)
+        return {p.rpartition("/")[2].removesuffix(".json") for p in self.store.list(keys.results_prefix(job))
+                if not p.startswith(export)}
+
     def reprocess_failed(self, job: str | None = None, *, error: str | None = None,
                          dry_run: bool = False) -> int:
         """Re-publish failed images (optionally one error type) with a fresh attempt budget, on
         each job's own queue and priority; returns how many (would be, with ``dry_run``)."""
-        from ocrq.failed import from_redis
+        from ocrq.failed import registered
 
         by_job: dict[str, list[ImageRecord]] = {}
-        for f in from_redis(self.index, job, error):
+        for f in registered(self.index, self.store, job, error):
             by_job.setdefault(f.record.job, []).append(f.record)
         if dry_run:
             return sum(len(recs) for recs in by_job.values())
@@ -213,7 +278,8 @@ class Client:
                 invalidate(self.redis, self.store, j)  # new work: the job's export no longer describes it
                 queued = [ImageRecord(id=r.id, job=j, ref=r.ref, status=ImageStatus.queued, row=r.row)
                           for r in records]
-                self.index.record(queued, mode="force")
+                # an archived job's failed images have no record left: "reopen" counts them back
+                self.index.record(queued, mode="reopen" if self.index.archived(j) else "force")
                 items = [Item(id=r.id, ref=r.ref, row=r.row) for r in records]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
@@ -239,11 +305,6 @@ class Client:
         self.redis.close()
 
 
-def _windows(entries: Iterator[tuple[str, dict[str, Any] | None]]) -> Iterator[list[tuple[str, dict[str, Any] | None]]]:
-    while window := list(islice(entries, _WINDOW)):
-        yield window
-
-
 class SubmissionRefused(RefusedRef):
     """Some refs were refused at submit; nothing was published. ``plan`` lists them."""
 
@@ -254,6 +315,20 @@ class SubmissionRefused(RefusedRef):
         self.plan = plan
 
 
+class BrokerFull(RuntimeError):
+    """The broker's Redis is (nearly) at its ``maxmemory``: the submission was refused, nothing
+    was published; the running jobs go on."""
+
+    def __init__(self, url: str, used: int, limit: int) -> None:
+        super().__init__(
+            f"the broker's Redis ({redact_url(url)}) holds {used / 2**20:,.0f} MiB of its maxmemory "
+            f"{limit / 2**20:,.0f} MiB ({used / limit:.0%}): new work is refused so running jobs can finish. "
+            "Wait for them, or raise the server's maxmemory (redis.max_memory, OCRQ_REDIS__MAX_MEMORY, for "
+            "the Redis `ocrq up` starts; refused from redis.refuse_submit_at of it)")
+        self.used = used
+        self.limit = limit
+
+
 class UnknownJob(LookupError):
     def __init__(self, name: str) -> None:
         super().__init__(f"no such job: {name!r}")
@@ -261,11 +336,15 @@ class UnknownJob(LookupError):
 
 
 class Job:
-    def __init__(self, client: Client, name: str, published: int = 0, plan: IntakePlan | None = None) -> None:
+    def __init__(self, client: Client, name: str, published: int = 0, plan: IntakePlan | None = None,
+                 resumed: bool = False) -> None:
         self.client = client
         self.name = name
-        #: images published by the submit that returned this handle (0 for an existing job)
+        #: images the submit that returned this handle added to the job (or, republishing, sent
+        #: again); 0 for an existing job
         self.published = published
+        #: the submit found this submission already there (resumed or repeated it)
+        self.resumed = resumed
         #: what the submit accepted, skipped and refused (None for an existing job)
         self.plan = plan
 
@@ -305,7 +384,8 @@ class Job:
             time.sleep(poll)
 
     def records(self) -> Iterator[ImageRecord]:
-        return self.client.index.scan(self.name)
+        """Every image's record (``results()`` without the outputs)."""
+        return (r.record for r in self.results())
 
     def results(self, batch: int = 512) -> Iterator[ImageResult]:
         """Every image of the job: finished ones with their stored document, others as records.

@@ -1,28 +1,46 @@
-"""The image-hash cache: Redis (hot, TTL) in front of the durable store (content-addressed).
+"""The image-hash cache: a hot copy in Redis, bounded in bytes, in front of the durable store
+(content-addressed, the cache of record).
 
 A key is sha256(bytes) + engine revision + task + params (ocrq.keys.cache_key), so a hit is
-exactly "this engine already read these bytes this way". Lookups are one MGET for a whole chunk,
-then one batched store read (``get_many``) for the Redis misses (which also re-warm Redis); writes
-are one batched store write (with the chunk's result documents), then one script that SETs them
-all.
+exactly "this engine already read these bytes this way". Lookups are one Redis round trip for a
+whole chunk, then one batched store read (``get_many``) for the Redis misses (which also re-warm
+Redis); writes are one batched store write (with the chunk's result documents), then one script
+that adds the hot copies.
+
+The hot copy has its own byte budget (``redis.cache_max_bytes``), enforced here whatever server
+holds it (``redis.cache_url``, default the broker's own): entries go into the current
+generation (``keys.hot_generation``), a hash; once the entries written into it reach half the
+budget, a new generation starts and the one before the current is deleted. At most two
+generations live, so the hot copies never hold more than the budget (plus one chunk's entries),
+and a dedicated cache server's own ``maxmemory``/``allkeys-lru`` is only a second line. What the
+hot copy holds is an optimisation: a Redis that cannot be read or written costs store reads, never
+a chunk (the durable copy is written first).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from ocrq import keys
-from ocrq.errors import StorageUnavailable
 from ocrq.results import OcrOutput
 from ocrq.storage import ResultStore
 
+log = logging.getLogger("ocrq.cache")
+
 Outputs = list[OcrOutput]
 
-
 _OUTPUTS: TypeAdapter[Outputs] = TypeAdapter(Outputs)
+
+#: bytes Redis spends on a hash entry besides its field and value (dict entry, string headers,
+#: allocator rounding), counted against the budget with each entry
+ENTRY_OVERHEAD = 96
+#: seconds between two warnings about an unreachable hot cache
+_WARN_EVERY_S = 60.0
 
 
 def _dump(outputs: Outputs) -> bytes:
@@ -34,33 +52,72 @@ def _load(raw: bytes) -> Outputs:
     return _OUTPUTS.validate_json(raw)
 
 
-#: SET every key to its value with one TTL: a chunk's hot copies in one command and one reply
-#: (a pipeline of SETs cost redis-py 5 packed arguments and one parsed reply per entry).
-#: KEYS: the cache keys; ARGV: ttl seconds, then one value per key
-_SET_ALL = """
-for i, key in ipairs(KEYS) do
-  redis.call('SET', key, ARGV[i + 1], 'EX', ARGV[1])
+# KEYS[1]: the state hash (keys.HOT_STATE). ARGV: generation key prefix, half the budget, ttl,
+# entry overhead, then (cache key, value) pairs. Adds the pairs to the current generation and
+# counts their bytes; at half the budget the next generation starts and the one before the
+# current goes (UNLINK: freed off Redis's main thread).
+_PUT_LUA = """
+local prefix, half, ttl, overhead = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+local cur = prefix .. gen
+local size = 0
+for i = 5, #ARGV, 2 do
+  redis.call('HSET', cur, ARGV[i], ARGV[i + 1])
+  size = size + #ARGV[i] + #ARGV[i + 1] + overhead
 end
-return #KEYS
+redis.call('EXPIRE', cur, ttl)
+local used = redis.call('HINCRBY', KEYS[1], 'bytes', size)
+if used >= half then
+  redis.call('HSET', KEYS[1], 'gen', gen + 1, 'bytes', 0)
+  redis.call('UNLINK', prefix .. (gen - 1))
+end
+redis.call('EXPIRE', KEYS[1], ttl)
+return gen
+"""
+
+# KEYS[1]: the state hash. ARGV: generation key prefix, then the cache keys. The values from the
+# current generation, else the one before it (false where neither has the key).
+_GET_LUA = """
+local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+local wanted = {}
+for i = 2, #ARGV do wanted[#wanted + 1] = ARGV[i] end
+local out = redis.call('HMGET', ARGV[1] .. gen, unpack(wanted))
+local missing, at = {}, {}
+for i, v in ipairs(out) do
+  if not v then missing[#missing + 1] = wanted[i]; at[#at + 1] = i end
+end
+if #missing > 0 and gen > 0 then
+  local older = redis.call('HMGET', ARGV[1] .. (gen - 1), unpack(missing))
+  for j, v in ipairs(older) do out[at[j]] = v end
+end
+return out
 """
 
 
 class ResultCache:
-    def __init__(self, redis: Any, store: ResultStore, ttl: int) -> None:
+    """``redis``: the client of the server that holds the hot copies (``redis.cache_url``);
+    ``max_bytes`` 0 turns the hot copy off (every lookup goes to the store)."""
+
+    def __init__(self, redis: Any, store: ResultStore, ttl: int, max_bytes: int) -> None:
         self.redis = redis
         self.store = store
         self.ttl = ttl
-        self._set_all = redis.register_script(_SET_ALL)
+        self.max_bytes = max_bytes
+        self._put = redis.register_script(_PUT_LUA)
+        self._get = redis.register_script(_GET_LUA)
+        self._warned = 0.0
 
     def get_many(self, cache_keys: Sequence[str]) -> dict[str, Outputs]:
         unique = list(dict.fromkeys(cache_keys))
         if not unique:
             return {}
-        try:
-            raw = self.redis.mget([keys.cache(k) for k in unique])
-        except Exception as exc:  # redis.ConnectionError and friends
-            raise StorageUnavailable(f"redis cache read: {exc}") from exc
-        found = {k: _load(v) for k, v in zip(unique, raw, strict=True) if v}
+        found: dict[str, Outputs] = {}
+        if self.max_bytes > 0:
+            try:
+                raw = self._get(keys=[keys.HOT_STATE], args=[keys.hot_generation(""), *unique])
+                found = {k: _load(v) for k, v in zip(unique, raw, strict=True) if v}
+            except Exception as exc:  # redis.ConnectionError and friends: the store answers instead
+                self._warn("read", exc)
         misses = [k for k in unique if k not in found]
         docs = self.store.get_many((keys.cache_object(k) for k in misses), raw=True) if misses else {}
         warm = {k: _load(d) for k in misses if (d := docs.get(keys.cache_object(k))) is not None}
@@ -81,7 +138,19 @@ class ResultCache:
             self._set_redis(encoded)
 
     def _set_redis(self, encoded: Mapping[str, bytes]) -> None:
+        if self.max_bytes <= 0:
+            return
+        args: list[Any] = [keys.hot_generation(""), self.max_bytes // 2, self.ttl, ENTRY_OVERHEAD]
+        for key, value in encoded.items():
+            args += [key, value]
         try:
-            self._set_all(keys=[keys.cache(k) for k in encoded], args=[self.ttl, *encoded.values()])
-        except Exception as exc:
-            raise StorageUnavailable(f"redis cache write: {exc}") from exc
+            self._put(keys=[keys.HOT_STATE], args=args)
+        except Exception as exc:  # a full or unreachable cache Redis: the durable copy stands
+            self._warn("write", exc)
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._warned >= _WARN_EVERY_S:
+            self._warned = now
+            log.warning("hot cache %s failed (the store's copy is used; next warning in %.0f s): %s",
+                        what, _WARN_EVERY_S, exc)

@@ -24,6 +24,7 @@ from worker.engines.base import Engine, OcrRequest
 from worker.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
+    from worker.feeder import Feeder
     from worker.governor import Governor
     from worker.nvml import MemoryProbe
 
@@ -46,6 +47,8 @@ class WorkerContext:
     decoder: Decoder | None = None
     #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
     governor_key: str | None = None
+    #: feeds the queue from submission shards (worker.feeder; set once the Celery app exists)
+    feeder: Feeder | None = None
     _saved_observations: int = -1
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -98,6 +101,8 @@ class WorkerContext:
         self._saved_observations = seen
 
     def close(self) -> None:
+        if self.feeder is not None:
+            self.feeder.stop()
         self.metrics.close()
         self.loop.stop(timeout=30)
         self.engine.close()
@@ -167,10 +172,19 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     decoder = make_decoder(settings.limits)
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
-        cache=ResultCache(client, store, settings.redis.cache_ttl),
+        cache=ResultCache(cache_client(settings, client), store, settings.redis.cache_ttl,
+                          settings.redis.cache_max_bytes),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
         governor_key=governor_key, metrics=metrics, decoder=decoder,
     )
+
+
+def cache_client(settings: Settings, broker: Any) -> Any:
+    """The client of the Redis that holds the hot cache: ``redis.cache_url``, else the broker's."""
+    url = settings.redis.cache_url
+    if not url or url == settings.redis.url:
+        return broker
+    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=5, socket_connect_timeout=5)
 
 
 def profile_of(engine: Engine) -> ModelProfile:

@@ -9,10 +9,12 @@ from typing import Any
 
 from celery import signals
 
+from ocrq.feed import Feed
 from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker import gcwatch
 from worker.context import WorkerContext, build_context
+from worker.feeder import Feeder
 from worker.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
@@ -48,7 +50,11 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
                  os.environ.get("CUDA_VISIBLE_DEVICES", "-"), os.environ.get("CUDA_DEVICE_ORDER", "-"),
                  settings.metrics_port or "-")
         # the engine is ready before the consumer takes its first message
-        holder["ctx"] = build_context(settings, queues)
+        ctx = holder["ctx"] = build_context(settings, queues)
+        q = settings.queue
+        ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
+                                 max_message_bytes=q.max_message_bytes))
+        ctx.feeder.start()
         # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
         # process: out of the collector's reach, a full collection no longer walks it with the GIL
         # held (the H200 worker: 10 full collections, 9.6 s, by the end of its first job)

@@ -3,8 +3,9 @@
 Fed by events: the chunk task reports every image record it writes (``observe_records``) and
 every cache lookup; the engine loop reports every engine call (``observe_batch``). Read at scrape
 time: OOMs and the governor's budget / predicted / measured peak (``EngineLoop.state``), device
-memory from NVML (``device="none"`` and 0 on a host without a GPU), and ``ocrq_queue_depth`` of
-the queues this worker consumes (Redis). Series names are a contract with ops/alerts.yml and the
+memory from NVML (``device="none"`` and 0 on a host without a GPU), ``ocrq_queue_depth`` of
+the queues this worker consumes and the broker Redis's memory against its
+maxmemory. Series names are a contract with ops/alerts.yml and the
 Grafana dashboard (ops/grafana/); tests/integration/test_prometheus.py checks them.
 """
 
@@ -20,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from ocrq.errors import Permanent, Retryable
 from ocrq.messages import TASKS
-from ocrq.metrics import queue_depth_family
+from ocrq.metrics import queue_depth_family, redis_memory_families
 from ocrq.results import ImageRecord, ImageStatus
 from worker.nvml import MemoryProbe
 
@@ -62,6 +63,7 @@ class _LiveCollector(Collector):
         yield total
         try:
             yield queue_depth_family(self.redis, self.queues)
+            yield from redis_memory_families(self.redis, "broker")
         except Exception as exc:  # Redis away: the worker's own series still scrape
             log.debug("queue depth unavailable: %s", exc)
 

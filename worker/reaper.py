@@ -36,6 +36,8 @@ from celery import bootsteps
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
+from ocrq.scripts import PastMaxmemory
+from ocrq.scripts import body as oom_body
 
 log = logging.getLogger("ocrq.reaper")
 
@@ -80,16 +82,21 @@ return restored
 """
 
 
+# KEYS[1]: the held set; ARGV: ttl, then the tags. Replaces the claim (past maxmemory: a claim
+# that lapsed would have a live worker's messages restored and run twice).
+_HELD_LUA = """
+redis.call('DEL', KEYS[1])
+if #ARGV > 1 then
+  redis.call('SADD', KEYS[1], unpack(ARGV, 2))
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+
 def publish_held(client: Any, hostname: str, tags: Iterable[str], ttl: int) -> None:
     """Claim ``tags`` for this worker for ``ttl`` seconds (replaces the previous claim atomically)."""
-    key = keys.held_tags(hostname)
-    found = list(tags)
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(key)
-    if found:
-        pipe.sadd(key, *found)
-        pipe.expire(key, ttl)
-    pipe.execute()
+    client.eval(oom_body(client, _HELD_LUA), 1, keys.held_tags(hostname), ttl, *tags)
 
 
 class Reaper:
@@ -102,7 +109,8 @@ class Reaper:
         self.route = route
         self.dead_after = dead_after
         self.confirm = confirm
-        self._script = client.register_script(_RESTORE_LUA)
+        # restoring finishes accepted work: it runs past maxmemory (ocrq.scripts)
+        self._script = PastMaxmemory(client, _RESTORE_LUA)
 
     def sweep(self, now: float | None = None) -> list[str]:
         """One sweep; returns the delivery tags put back on the queue."""

@@ -52,6 +52,8 @@ class ChunkReport:
     outage_since: float | None = None
     #: (ref, error type, message) of each image that failed for good in this attempt
     failures: list[tuple[str, str, str]] = field(default_factory=list)
+    #: images not run: done already, or their job archived (a late redelivery)
+    skipped: int = 0
 
     def fail(self, item: Item, err: OcrqError) -> None:
         self.failed += 1
@@ -70,8 +72,12 @@ class ChunkReport:
             outcome = f"RETRY {len(self.retry)}/{total}"
         else:
             outcome = f"ok {self.done}/{total}"
+        if not total and self.skipped:
+            outcome = f"skipped {self.skipped}: done already"
         out: dict[str, Any] = {"outcome": outcome, "done": self.done, "cached": self.cached,
                                "failed": self.failed, "retry": len(self.retry)}
+        if self.skipped:
+            out["skipped"] = self.skipped
         if self.failures:
             out["errors"] = [{"ref": ref, "type": kind, "message": msg[:300]}
                              for ref, kind, msg in self.failures[:_NAMED_FAILURES]]
@@ -79,16 +85,27 @@ class ChunkReport:
 
 
 def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:
+    tag = f"job={chunk.job} n={len(chunk.items)}"
+    running = ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
+    skipped = running.count(False)
+    if skipped:
+        # done already (a redelivery of a chunk whose results were written before its ack was
+        # lost), or its job archived: the result stands, the image is not run again
+        log.info("→ skip %s: %d image(s) already done or their job archived", tag, skipped)
+        chunk = chunk.model_copy(update={"items": [it for it, ok in zip(chunk.items, running, strict=True) if ok]})
+        if not chunk.items:
+            return ChunkReport(skipped=skipped)
     # while its images are fetched and decoded, an idle engine waits for them rather than run
     # the chunks that came first alone (worker.engine_loop: expecting)
     with ctx.loop.expecting(len(chunk.items)) as intake:
-        return _process_chunk(ctx, chunk, worker, intake)
+        report = _process_chunk(ctx, chunk, worker, intake)
+    report.skipped = skipped
+    return report
 
 
 def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake: Intake) -> ChunkReport:  # noqa: C901
     t0 = time.monotonic()
     tag = f"job={chunk.job} n={len(chunk.items)}"
-    ctx.index.record([_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
 
     # 1. fetch + hash (PDFs rendered: their pages are the cache units) — in the fetch pool, a few
     # groups per chunk (worker.fanout), overlapping other chunks' inference
@@ -252,7 +269,10 @@ def _engine_share(outputs: list[OcrOutput]) -> dict[str, Any]:
 def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     """Register the chunk task on ``app``; the context is built once per worker process."""
 
-    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None)
+    # ignore_result: the outcome is the job's records and documents, and Flower shows each
+    # chunk's summary from its task events; a result backend write is a write that a full
+    # broker Redis refuses, and the STARTED one (track_started) before the task body runs
+    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None, ignore_result=True)
     def ocr_chunk(self: Task, message: dict[str, Any]) -> dict[str, Any]:
         chunk = Chunk.model_validate(message)
         ctx = get_ctx()
@@ -263,6 +283,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             report = process_chunk(ctx, chunk, worker=self.request.hostname)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
+        if ctx.feeder is not None:  # room in the job's window: the next shard may go out
+            ctx.feeder.poke(chunk.job)
         if report.done or report.failed:  # this chunk may have finished the job: export it once
             queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
             try:
@@ -283,7 +305,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
                 raise Reject(f"retry publish failed: {exc}", requeue=True) from exc
         return report.summary()
 
-    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None)
+    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True)
     def finish_job(self: Task, job: str, outage_since: float | None = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
@@ -298,9 +320,22 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             ctx.redis.delete(keys.job_finishing(job))  # the next finishing chunk or `ocrq export` retries
             raise
         log.info("← export job=%s %s", job, marker)
+        if marker.get("exported"):
+            _archive(ctx, job)
         return marker
 
     return ocr_chunk
+
+
+def _archive(ctx: WorkerContext, job: str) -> None:
+    """A finished job's export is written: its per-image records leave Redis (its documents are
+    all in the store), and its refs shards (presigned URLs among them) the store."""
+    if not ctx.index.archive(job):
+        return  # new work came in since its export was asked for: archived after the next one
+    shards = list(ctx.store.list(keys.refs_prefix(job)))
+    for path in shards:
+        ctx.store.delete(path)
+    log.info("← archive job=%s (%d refs shards deleted)", job, len(shards))
 
 
 def _outage_wait(ctx: WorkerContext, err: OcrqError, since: float | None) -> float | None:

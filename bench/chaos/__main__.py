@@ -13,6 +13,8 @@ exit status 1 on any lost, duplicated or untrue record.
     s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
     oom     10% of engine batches raise a CUDA-style OOM
     all     kill + redis + s3 + oom at once
+    redis-full  the broker's Redis over its maxmemory (noeviction) for 30 s (10 s in --quick): a new
+            submit is refused (exit 2, naming the setting), the running job goes on and loses nothing
     decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
             RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
             no worker process dies (worker.decode isolates decoding in child processes)
@@ -33,6 +35,7 @@ import json
 import logging
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -156,6 +159,59 @@ def s3_fault(at_s: float, down_s: float) -> Fault:
     return run
 
 
+def redis_full(at_s: float, hold_s: float) -> tuple[Fault, Special]:
+    """The broker's Redis over its maxmemory (noeviction) from ``at_s`` for ``hold_s``: a filler
+    of another client's, and maxmemory kept 1 MiB under what it holds (every 0.1 s). A new
+    submit must be refused (exit 2, naming the setting), and the running job must go on and lose
+    nothing."""
+    seen: dict[str, Any] = {}
+
+    def fault(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
+        if stop.wait(at_s):
+            return
+        r = redis.Redis.from_url(env.redis.url)
+        r.set("chaos:filler", b"\0" * (8 << 20))
+        used = int(r.info("memory")["used_memory"])
+        counts = r.hgetall(keys.job_counts("chaos-redis-full"))
+        before = sum(int(counts.get(k, 0)) for k in (b"done", b"failed"))
+        held = threading.Event()
+
+        def hold() -> None:  # stays 1 MiB over its limit as the job's memory moves (another client's)
+            while not held.is_set():
+                r.config_set("maxmemory", int(r.info("memory")["used_memory"]) - (1 << 20))
+                held.wait(0.1)
+
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        time.sleep(0.3)
+        late = subprocess.run([sys.executable, "-m", "ocrq_cli", "submit", str(sorted(env.images.iterdir())[0]),
+                               "--job", "chaos-redis-full-late"], env=worker_env(env, {}), capture_output=True,
+                              text=True, timeout=120)
+        seen["late"] = late
+        stop.wait(hold_s)
+        held.set()
+        holder.join(5)
+        counts = r.hgetall(keys.job_counts("chaos-redis-full"))
+        seen["moved"] = sum(int(counts.get(k, 0)) for k in (b"done", b"failed")) - before
+        r.config_set("maxmemory", 0)
+        r.delete("chaos:filler")
+        notes.append(f"broker over its maxmemory ({(used >> 20) - 1} MiB) for {hold_s:.0f} s: a new submit exited"
+                     f" {late.returncode}; {seen['moved']} images finished meanwhile")
+
+    def check(env: Env, workers: Workers, records: dict[str, Any], notes: list[str]) -> list[str]:
+        late = seen.get("late")
+        problems = []
+        if late is None:
+            return ["the broker never reached its maxmemory (the job ended first)"]
+        if late.returncode != 2 or "maxmemory" not in late.stderr:
+            problems.append(f"a submit at maxmemory exited {late.returncode}: {late.stderr[-300:]}")
+        if not seen.get("moved"):
+            problems.append("no image finished while the broker was at its maxmemory")
+        return problems
+
+    return fault, Special(check=check)
+
+
 def together(*faults: Fault) -> Fault:
     def run(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
         threads = [threading.Thread(target=f, args=(env, workers, stop, notes), daemon=True) for f in faults]
@@ -169,8 +225,8 @@ def together(*faults: Fault) -> Fault:
 def wait_final(client: Client, job: Any, refs: list[str], ids: set[str], special: Special, deadline: float,
                notes: list[str]) -> None:
     """Until every accepted image is final (or the deadline). With ``special.resubmit_after_s``,
-    a job that made no progress for that long gets the same submit again (the documented recovery
-    after a Redis crash), noted with what was not final and what the re-submit published."""
+    a job that made no progress for that long gets the same submit again, republishing (the
+    documented recovery after a Redis crash), noted with what was not final and what it sent."""
     progress, moved = -1, time.monotonic()
     while time.monotonic() < deadline:
         try:
@@ -182,7 +238,8 @@ def wait_final(client: Client, job: Any, refs: list[str], ids: set[str], special
             if final != progress:
                 progress, moved = final, time.monotonic()
             elif special.resubmit_after_s and time.monotonic() - moved > special.resubmit_after_s:
-                again = client.submit(refs, job=job.name, params={"scenario": job.name.removeprefix("chaos-")})
+                again = client.submit(refs, job=job.name, params={"scenario": job.name.removeprefix("chaos-")},
+                                      republish=True)
                 notes.append(f"stalled {time.monotonic() - moved:.0f}s at {final}/{len(ids)} final"
                              f" ({len(ids) - final} not final); re-submit published {again.published}")
                 moved = time.monotonic()
@@ -236,7 +293,7 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     crashes = sum(p.read_text(errors="replace").count("Unrecoverable error") for p in workers.logs.glob("*.log"))
     if crashes:
         outcome.problems.append(f"{crashes} worker crash(es) (Celery 'Unrecoverable error') in the logs")
-    records = {rec.id: rec for rec in client.index.scan(job.name)}
+    records = {rec.id: rec for rec in client.job(job.name).records()}
     delays = kill_delays(workers.kill_log, records)
     if delays is not None:
         notes.append(delays.note())
@@ -295,8 +352,11 @@ def main(argv: list[str] | None = None) -> int:
          together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),
         ("decoder", {"image_latency_s": 0.01}, no_fault),
     ]
+    full_fault, full_special = redis_full(3.0, 10.0 if args.quick else 30.0)
+    scenarios.append(("redis-full", {"image_latency_s": 0.02}, full_fault))
     specials = {"decoder": poison_special(),
-                "redis-crash": Special(resubmit_after_s=30.0 if args.quick else 150.0)}
+                "redis-crash": Special(resubmit_after_s=30.0 if args.quick else 150.0),
+                "redis-full": full_special}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     root = Path(tempfile.mkdtemp(prefix="ocrq-chaos-"))
     from moto.server import ThreadedMotoServer

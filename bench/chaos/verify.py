@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ocrq import keys
+from ocrq.export import results
 from ocrq.jobs import JobIndex
 from ocrq.results import ImageResult
 from ocrq.storage import ResultStore
@@ -31,7 +32,10 @@ class Outcome:
 
 def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[str], queue: str) -> Outcome:
     out = Outcome(images=len(ids))
-    records = {r.id: r for r in index.scan(job)}
+    listed = [r.record for r in results(index, store, job)]
+    records = {r.id: r for r in listed}
+    if len(records) != len(listed):
+        out.problems.append(f"{len(listed) - len(records)} images listed twice in the job's results")
     extra = set(records) - ids
     if extra:
         out.problems.append(f"{len(extra)} records for images never submitted")
@@ -71,11 +75,20 @@ def verify(redis: Any, index: JobIndex, store: ResultStore, job: str, ids: set[s
         if result.record.status != rec.status or (rec.status.value == "done" and not result.outputs):
             out.problems.append(f"{image_id}: document says {result.record.status}, index says {rec.status}")
     out.problems += _export_problems(store, job, len(ids))
+    out.problems += _left_behind(redis, index, job, queue)
+    return out
+
+
+def _left_behind(redis: Any, index: JobIndex, job: str, queue: str) -> list[str]:
+    """A finished job is archived (no per-image state in Redis), and no message is left."""
+    problems = []
+    if not index.archived(job):
+        problems.append("the finished, exported job was not archived (its records are still in Redis)")
     unacked = int(redis.hlen("unacked"))
     queued = sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
     if unacked or queued:
-        out.problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
-    return out
+        problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
+    return problems
 
 
 def queue_lists(redis: Any, queue: str) -> list[bytes]:

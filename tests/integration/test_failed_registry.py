@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.failed import from_redis
+from ocrq.failed import registered
 from ocrq.metrics import queue_depth
 from ocrq.stack import stop_group
 from producer.client import Client
@@ -62,8 +62,8 @@ def test_failed_filters_show_store_mirror_purge_and_reprocess(redis_url, redis_c
     types = {Path(f["ref"]).name: f["error"]["type"] for f in every}
     assert types == {"broken.png": "BadImage", "gone.png": "MissingObject"}
     # a limit reads only the oldest failures (what `submit --wait` names)
-    oldest = [f.record.id for f in from_redis(client.index, "reg")]
-    assert [f.record.id for f in from_redis(client.index, "reg", limit=1)] == oldest[:1]
+    oldest = [f.record.id for f in registered(client.index, client.store, "reg")]
+    assert [f.record.id for f in registered(client.index, client.store, "reg", limit=1)] == oldest[:1]
     only = _lines(_cli(env, "failed", "--error", "BadImage").stdout)
     assert [Path(f["ref"]).name for f in only] == ["broken.png"]
     assert _lines(_cli(env, "failed", "--since", "1h").stdout) == every

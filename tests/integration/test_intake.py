@@ -98,7 +98,7 @@ def test_a_folder_of_odd_files_is_all_accounted_for(redis_url, start_worker, tmp
 
     # When the same folder is submitted again: nothing to publish, said so, and no made-up rate
     again = ocrq(["submit", str(src), "--job", "odd", "--wait"], env, elsewhere)
-    assert "0 images published" in again.stderr and "already finished" in again.stderr, again.stderr
+    assert "0 images submitted" in again.stderr and "already finished" in again.stderr, again.stderr
     assert "img/s" not in again.stderr
     # A task the engines do not know, or a parameter without a value, is refused before anything
     for bad in (["--task", "bogus"], ["--param", "foo"]):

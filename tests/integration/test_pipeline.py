@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ocrq import keys
+from ocrq.failed import registered
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import StoreSettings
 from ocrq.storage import make_store
@@ -62,11 +63,12 @@ def test_folder_with_duplicates_and_corrupt_files(redis_url, redis_client, start
     assert counts["cached"] >= 157
     assert sum(r.record.cached for r in results.values()) == counts["cached"]
     # corrupt files failed on their first attempt with a typed, permanent error
+    registry = {f.record.id for f in registered(client.index, client.store, "folder")}
     for path in bad:
         rec = results[path].record
         assert rec.status.value == "failed" and rec.attempts == 1
         assert rec.error is not None and rec.error.type in {"BadImage", "UnsupportedFormat"}, rec.error
-        assert keys.failed_member("folder", rec.id).encode() in redis_client.zrange(keys.FAILED, 0, -1)
+        assert rec.id in registry
     # durable documents exist for every image (rows of the local store's database, read back)
     local = make_store(StoreSettings(path=store))
     listed = list(local.list(keys.results_prefix("folder")))

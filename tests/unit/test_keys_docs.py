@@ -29,7 +29,8 @@ def built_redis_keys() -> set[str]:
 
 
 def built_store_paths() -> set[str]:
-    paths = {keys.cache_object("{}"), keys.result_object("{}", "{}"), keys.failed_object("{}", "{}")}
+    paths = {keys.cache_object("{}"), keys.result_object("{}", "{}"), keys.failed_object("{}", "{}"),
+             keys.refs_shard("{}", "{}", 0).replace("000000", "{}")}
     paths |= {keys.export_object("{}", n) for n in (keys.EXPORT_JSONL, keys.EXPORT_PARQUET, keys.EXPORT_SUCCESS)}
     return {_norm(p) for p in paths}
 
@@ -53,3 +54,17 @@ def test_keys_docstring_matches_the_code() -> None:
 def test_the_comparison_sees_a_missing_key() -> None:
     assert len(built_redis_keys()) >= 11 and "ocrq:job:{}:images" in built_redis_keys()
     assert documented("| `ocrq:job:{job}` | HASH |\n", r"^\| `(ocrq:[^`]+)`") == {"ocrq:job:{}"}
+
+
+#: words that name a bound: a TTL, a cap, a deletion, a trim
+_BOUNDS = re.compile(r"ttl|\d+ ?[smhd]\b|capped|deleted|trimmed|at most|leave|refreshed|prefetch", re.IGNORECASE)
+
+
+def test_every_redis_key_says_how_it_grows_and_what_bounds_it() -> None:
+    """ocrq/keys.py gives each Redis key a second line: what it grows per, and its bound."""
+    lines = (keys.__doc__ or "").splitlines()
+    keyed = [i for i, line in enumerate(lines) if re.match(r"^ {4}ocrq:", line)]
+    assert len(keyed) == len(built_redis_keys())
+    for i, end in zip(keyed, [*keyed[1:], len(lines)], strict=True):
+        bound = next((ln for ln in lines[i + 1:end] if ln.startswith(" " * 8) and not ln.startswith(" " * 9)), "")
+        assert _BOUNDS.search(bound), f"{lines[i].split()[0]}: no bound in {bound!r}"

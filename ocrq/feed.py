@@ -1,0 +1,248 @@
+"""Submissions fed to the queue in windows: a submission's refs live in the store, Redis holds at
+most ``queue.window`` of a job's images in messages.
+
+A submission (one ``ocrq submit``) is identified by its content (task, params and accepted refs,
+in order): running the same command again finds it. The producer:
+
+1. records every image it adds as queued (one Lua call per 4,096 refs; ``JobIndex.record`` mode
+   ``submit``: a one-letter marker per image, "q{ordinal}", no ref), so the job's total is known
+   before anything runs;
+2. writes the refs it added as shards of at most ``WINDOW`` lines to the store
+   (``keys.refs_shard``), counting each one written in ``ocrq:job:{job}:feed``;
+3. feeds the first shards, and returns.
+
+Feeding a shard publishes its images' chunks and moves its cursor in one Lua script (the chunk
+messages are built by Celery and captured, ``ocrq.transport.captured``): a shard is published
+once, whoever feeds it. Every worker feeds: after each chunk, and every few seconds for each job
+in ``keys.FEEDING`` (``worker.feeder``), while the job has fewer than ``queue.window`` images in
+flight (in a message, or a worker on them).
+
+A producer killed mid-way leaves a registered submission: the same command again records what
+is missing, writes the shards not written yet and feeds on, with no image published twice.
+After Redis lost data (a crash with its last second of AOF), ``republish`` sends again what no
+worker has finished (a duplicate costs a cache hit, never a second result).
+
+Per image, Redis holds the marker (~90 bytes with the hash entry) until the job is archived;
+the refs are in the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ocrq import keys
+from ocrq.jobs import JobIndex
+from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, chunk_groups
+from ocrq.scripts import PastMaxmemory
+from ocrq.storage import ResultStore
+from ocrq.transport import captured
+
+log = logging.getLogger("ocrq.feed")
+
+#: refs per shard: what one feed step publishes, and what one record call covers
+WINDOW = 4096
+
+Line = tuple[str, str, dict[str, Any] | None]  # image id, ref, manifest row
+
+# KEYS: feed hash, images hash, counts hash, feeding set. ARGV: cursor field, the shard the caller
+# read, the submission's shard count, job name, n ids, ids..., then (list, ring, message) triples.
+# Publishes the shard's messages and moves the cursor, only if the cursor is still at that shard;
+# marks its images published. Returns how many images were marked, or -1 (fed by someone else).
+_FEED_LUA = """
+local at = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if at ~= tonumber(ARGV[2]) then return -1 end
+local n = tonumber(ARGV[5])
+local marked = 0
+for i = 6, 5 + n do
+  local v = redis.call('HGET', KEYS[2], ARGV[i])
+  if v and string.sub(v, 1, 1) == 'q' then
+    redis.call('HSET', KEYS[2], ARGV[i], 'p')
+    marked = marked + 1
+  end
+end
+for i = 6 + n, #ARGV, 3 do
+  redis.call('LPUSH', ARGV[i], ARGV[i + 2])
+  redis.call('LPUSH', ARGV[i + 1], 1)
+  redis.call('LTRIM', ARGV[i + 1], 0, 9999)
+end
+redis.call('HSET', KEYS[1], ARGV[1], at + 1)
+if marked > 0 then redis.call('HINCRBY', KEYS[3], 'published', marked) end
+return marked
+"""
+
+
+@dataclass
+class Submission:
+    sub: str
+    ordinal: int
+    #: shards (windows of ``WINDOW`` accepted refs)
+    windows: int
+    task: str
+    params: dict[str, Any]
+    queue: str
+    priority: int | None
+    #: shards written / fed so far
+    written: int = 0
+    fed: int = 0
+
+    def meta(self) -> str:
+        return json.dumps({"ordinal": self.ordinal, "windows": self.windows, "task": self.task,
+                           "params": self.params, "queue": self.queue, "priority": self.priority})
+
+
+def submissions(redis: Any, job: str) -> list[Submission]:
+    """The job's submissions, in the order they were registered."""
+    raw = {k.decode(): v.decode() for k, v in redis.hgetall(keys.job_feed(job)).items()}
+    subs = []
+    for field, value in raw.items():
+        if field.startswith("sub:"):
+            m = json.loads(value)
+            subs.append(Submission(field[4:], m["ordinal"], m["windows"], m["task"], m["params"], m["queue"],
+                                   m["priority"], int(raw.get(f"{m['ordinal']}:written", 0)),
+                                   int(raw.get(f"{m['ordinal']}:fed", 0))))
+    return sorted(subs, key=lambda s: s.ordinal)
+
+
+def shard_lines(store: ResultStore, job: str, sub: Submission, window: int) -> list[Line]:
+    """Shard ``window`` of ``sub``: (image id, ref, row) per image it added."""
+    raw = store.get_many([keys.refs_shard(job, sub.sub, window)], raw=True)
+    data = next(iter(raw.values()), b"")
+    return [(i, ref, row) for i, ref, row in (json.loads(line) for line in data.splitlines() if line)]
+
+
+def submission_id(task: str, params: dict[str, Any], lines: Iterable[str]) -> str:
+    """A submission's identity: its task, params and accepted refs in order."""
+    digest = hashlib.sha256(json.dumps([task, params], sort_keys=True).encode())
+    for line in lines:
+        digest.update(line.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def shard_bytes(lines: Iterable[Line]) -> bytes:
+    return b"".join(json.dumps([i, ref, row], ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+                    for i, ref, row in lines)
+
+
+class Feed:
+    """Submissions of jobs and their feeding. ``app``: the Celery app chunks are sent with."""
+
+    def __init__(self, redis: Any, store: ResultStore, index: JobIndex, app: Any, *, window: int,
+                 chunk_size: int, max_message_bytes: int) -> None:
+        self.redis = redis
+        self.store = store
+        self.index = index
+        self.app = app
+        self.window = window
+        self.chunk_size = chunk_size
+        self.max_message_bytes = max_message_bytes
+        # feeding finishes accepted work: it runs past maxmemory (ocrq.scripts)
+        self._feed = PastMaxmemory(redis, _FEED_LUA)
+
+    # --- submissions ---------------------------------------------------------------------------
+
+    def submissions(self, job: str) -> list[Submission]:
+        return submissions(self.redis, job)
+
+    def register(self, job: str, sub: str, windows: int, task: str, params: dict[str, Any], queue: str,
+                 priority: int | None) -> tuple[Submission, bool]:
+        """The submission ``sub`` of ``job``, registered now if it is new (then True)."""
+        key = keys.job_feed(job)
+        for found in self.submissions(job):
+            if found.sub == sub:
+                return found, False
+        ordinal = int(self.redis.hincrby(key, "ordinal", 1))
+        made = Submission(sub, ordinal, windows, task, params, queue, priority)
+        if not self.redis.hsetnx(key, f"sub:{sub}", made.meta()):  # another producer, same content
+            return next(s for s in self.submissions(job) if s.sub == sub), False
+        self.redis.expire(key, self.index.ttl)
+        return made, True
+
+    def written(self, job: str, sub: Submission, shards: int) -> None:
+        """``shards`` of ``sub`` are in the store: workers may feed them."""
+        pipe = self.redis.pipeline()
+        pipe.hset(keys.job_feed(job), f"{sub.ordinal}:written", shards)
+        pipe.sadd(keys.FEEDING, job)
+        pipe.execute()
+        sub.written = shards
+
+    def lines(self, job: str, sub: Submission, window: int) -> list[Line]:
+        return shard_lines(self.store, job, sub, window)
+
+    # --- feeding -------------------------------------------------------------------------------
+
+    def top_up(self, job: str) -> int:
+        """Feed the job's next shards while its images in flight stay within the window; returns
+        how many images were published. A job with nothing left to feed leaves ``FEEDING``."""
+        published = 0
+        left = False
+        subs = self.submissions(job)
+        for sub in subs:
+            while sub.fed < sub.written and self.index.window(job) + WINDOW <= self.window:
+                n = self.feed_shard(job, sub, sub.fed)
+                published += max(n, 0)
+                sub.fed += 1
+                if n < 0:  # another feeder took it: re-read where the cursors are
+                    return published + self.top_up(job)
+            left = left or sub.fed < sub.windows
+        if not left:  # (a job whose keys expired has none: it leaves too)
+            self.redis.srem(keys.FEEDING, job)
+        return published
+
+    def feed_shard(self, job: str, sub: Submission, window: int, only: Callable[[bytes | None], bool] | None = None,
+                   cursor: bool = True) -> int:
+        """Publish shard ``window`` of ``sub``: the images still queued and unpublished (or what
+        ``only`` accepts of their Redis values), as chunk messages, with the cursor moved in the
+        same script (``cursor`` False: no cursor, for ``republish``)."""
+        lines = self.lines(job, sub, window)
+        values = self.index.raw(job, [i for i, _, _ in lines])
+        want = only or (lambda v: v is not None and v[:1] == b"q")
+        todo = [Item(id=i, ref=ref, row=row) for (i, ref, row), v in zip(lines, values, strict=True) if want(v)]
+        with captured() as sink, self.app.producer_or_acquire() as producer:
+            for part in chunk_groups(todo, self.chunk_size, self.max_message_bytes):
+                chunk = Chunk(job=job, task=sub.task, params=sub.params, items=part, priority=sub.priority or 0)
+                message = checked_message(chunk, self.max_message_bytes)
+                self.app.send_task(OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
+                                   task_id=keys.chunk_id(job, part[0].id, len(part)), queue=sub.queue,
+                                   priority=sub.priority, producer=producer)
+        field = f"{sub.ordinal}:fed" if cursor else f"{sub.ordinal}:republished"
+        args: list[Any] = [field, window if cursor else self._republished(job, field), sub.windows, job, len(todo),
+                           *(it.id for it in todo)]
+        for msg in sink:
+            args += [msg.list_key, msg.ring_key, msg.payload]
+        n = int(self._feed(keys=[keys.job_feed(job), keys.job_images(job), keys.job_counts(job), keys.FEEDING],
+                           args=args))
+        if n >= 0:
+            log.info("fed job=%s submission=%s shard=%d: %d image(s) in %d chunk(s)", job, sub.sub, window,
+                     len(todo), len(sink))
+        return n if n < 0 else len(todo)
+
+    def _republished(self, job: str, field: str) -> int:
+        return int(self.redis.hget(keys.job_feed(job), field) or 0)
+
+    def republish(self, job: str, sub: Submission) -> int:
+        """Send again every image of ``sub`` that is queued (published or not): the recovery after
+        Redis lost data. Returns how many images were sent."""
+        sent = 0
+        for window in range(sub.written):
+            sent += max(self.feed_shard(job, sub, window, only=lambda v: v is not None and v[:1] in (b"q", b"p"),
+                                        cursor=False), 0)
+        return sent
+
+
+def read_entries(entries: Iterator[tuple[str, dict[str, Any] | None]], size: int = WINDOW
+                 ) -> Iterator[list[tuple[str, dict[str, Any] | None]]]:
+    """The accepted (ref, row) pairs in windows of ``size``."""
+    window: list[tuple[str, dict[str, Any] | None]] = []
+    for entry in entries:
+        window.append(entry)
+        if len(window) == size:
+            yield window
+            window = []
+    if window:
+        yield window

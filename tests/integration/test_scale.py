@@ -1,0 +1,63 @@
+"""Redis over the life of a job, in byte counts (the small form of ``make bench-scale``): a finished
+job leaves Redis, and the hot cache stays within its budget. Real redis-servers, a real worker,
+20,000 real PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.overhead import render
+from bench.scale import run
+from ocrq import keys
+from ocrq.results import OcrOutput
+from ocrq.sqlite_store import SqliteStore
+from worker.cache import ResultCache
+
+pytestmark = pytest.mark.integration
+
+N = 20_000
+#: what a finished job may leave in Redis per image (its meta and counts are per job)
+AFTER_MAX_BYTES = 32
+
+
+def test_a_finished_job_leaves_redis_and_the_hot_cache_keeps_its_budget(tmp_path: Path) -> None:
+    render(tmp_path / "images", N)
+    budget = 2 * 2**20  # the job's ~500-byte hot copies fill it five times over
+    r = run(N, tmp_path, tmp_path / "images", budget)
+    assert r["archived"]
+    # the keys the job left, by family (ids replaced by *): per job, never per image
+    job_keys = {fam: v for fam, v in r["after_keys"].items() if fam.startswith("ocrq:job")}
+    assert sum(v["keys"] for v in job_keys.values()) <= 6, job_keys
+    left = sum(v["bytes"] for v in r["after_keys"].values())
+    assert left / N <= AFTER_MAX_BYTES, r["after_keys"]
+    # used_memory also holds connection buffers and allocator state (constant, not per image)
+    assert r["after_bytes_per_image"] <= 2 * AFTER_MAX_BYTES, r
+    # the hot cache's server held at most its budget (plus its own baseline and one chunk)
+    assert r["cache_peak_bytes"] <= budget * 1.25 + 2 * 2**20, r["cache_peak_bytes"]
+
+
+def test_the_hot_cache_rotates_generations_and_reads_both(redis_client, tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "store")
+    cache = ResultCache(redis_client, store, ttl=60, max_bytes=64 * 1024)
+    outs = [OcrOutput(text="x" * 400, engine="e", model="m")]
+    for start in range(0, 1000, 50):
+        cache.put_many({f"k{i}": outs for i in range(start, start + 50)})
+    hot = [k for k in redis_client.scan_iter("ocrq:hot:*")]
+    assert 1 <= len(hot) <= 2  # at most two generations live
+    held = sum(redis_client.memory_usage(k) for k in hot)
+    assert held <= 64 * 1024 * 1.5, held
+    # an entry of the older generation is read from Redis (its store copy gone: no fallback)
+    gens = sorted(hot, key=lambda k: int(k.rsplit(b":", 1)[1]))
+    if len(gens) == 2:
+        older = redis_client.hkeys(gens[0])[0].decode()
+        store.delete(keys.cache_object(older))
+        assert set(cache.get_many([older])) == {older}
+    # the oldest entries left Redis; the store still has them: a hit all the same
+    assert set(cache.get_many(["k999", "k0"])) == {"k999", "k0"}
+    # a budget of 0 turns the hot copy off
+    off = ResultCache(redis_client, store, ttl=60, max_bytes=0)
+    redis_client.flushdb()
+    off.put_many({"z": outs})
+    assert not list(redis_client.scan_iter("ocrq:hot*")) and set(off.get_many(["z"])) == {"z"}
