@@ -8,7 +8,7 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick bench-overhead lint typecheck format up down clean
+.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick bench-overhead bench-scale lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
@@ -93,6 +93,15 @@ reliability-quick: install test-prereqs
 BENCH_IMAGES ?= 20000
 bench-overhead: install
 	$(PY) -m bench.overhead --images $(BENCH_IMAGES)
+
+# Redis over the life of one large job (bench/scale.py, docs/bench/scale.md): bytes per image at
+# the peak and once finished, submit, status, read-back and export rates, and store requests per
+# image against moto's S3; writes docs/bench/scale.{json,md,png}. A benchmark, not part of `make test`
+# (its small form is tests/integration/test_scale.py).
+SCALE_IMAGES ?= 1000000
+bench-scale: install
+	$(PIP) install -q -e '.[worker,test,bench]'
+	$(PY) -m bench.scale --images $(SCALE_IMAGES)
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q

@@ -15,7 +15,10 @@ each a fresh redis-server on a free port, the local store. A thread samples both
 - submit seconds; ``ocrq status`` latency (counts and cost) on the finished job;
 - ``Job.results()`` read-back rate (from the store) and the export's rate (lines / the export
   task's seconds, from the job's last image to its ``_SUCCESS``);
-- img/s from the submit to the job's last image.
+- img/s from the submit to the job's last image;
+- store requests per image (``--s3-images``, 2,000 by default) against moto's S3 server, which
+  counts what it serves: a first pass and a cached pass, each to its export and archive, and
+  the read-back of each.
 
 Writes ``docs/bench/scale.{json,md,png}`` (``--no-write``: prints only). The last line printed is
 the JSON summary.
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +41,7 @@ from typing import Any
 
 import redis
 
-from bench.overhead import render
+from bench.overhead import ocrq_passes, render
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.jobcost import job_cost
 from ocrq.settings import Settings
@@ -166,6 +170,98 @@ def run(n: int, root: Path, images: Path, cache_max_bytes: int) -> dict[str, Any
             server.wait(10)
 
 
+class CountingMoto:
+    """moto's S3 server on a free port, counting the requests it serves by kind (GET, PUT, LIST,
+    DELETE, HEAD, POST): what S3 would bill."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        from bench.services import free_port
+
+        self.port = free_port()
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        meter = self
+
+        class Server(ThreadedMotoServer):
+            def _server_entry(self) -> None:
+                from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+                from werkzeug.serving import make_server
+
+                app = DomainDispatcherApplication(create_backend_app)
+
+                def counted(environ: dict[str, Any], start_response: Any) -> Any:
+                    method = environ["REQUEST_METHOD"]
+                    if method == "GET" and "list-type" in environ.get("QUERY_STRING", ""):
+                        method = "LIST"
+                    with meter._lock:
+                        meter.counts[method] = meter.counts.get(method, 0) + 1
+                    return app(environ, start_response)
+
+                self._server = make_server(self._ip_address, self._port, counted, True,
+                                           request_handler=MotoRequestHandler)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self.server = Server(ip_address="127.0.0.1", port=self.port, verbose=False)
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last take."""
+        with self._lock:
+            out, self.counts = self.counts, {}
+        return out
+
+
+def s3_requests(n: int, root: Path, images: Path) -> dict[str, Any]:
+    """Store requests per image against moto's S3: a first pass (n new images), a pass over the
+    same bytes as another job (every image a cache hit), each to its export and archive, then the
+    read-back of each (``Job.results()``)."""
+    import boto3
+
+    moto = CountingMoto()
+    moto.server.start()
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    server = start_redis(port, root)
+    store = {"kind": "s3", "bucket": "scale", "endpoint_url": f"http://127.0.0.1:{moto.port}",
+             "access_key_id": "testing", "secret_access_key": "testing"}
+    boto3.client("s3", endpoint_url=store["endpoint_url"], region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="scale")
+    refs = [str(images / f"img_{i:06d}.png") for i in range(n)]
+    env = {**os.environ, "OCRQ_REDIS__URL": url, "OCRQ_STORE__KIND": "s3", "OCRQ_STORE__BUCKET": "scale",
+           "OCRQ_STORE__ENDPOINT_URL": store["endpoint_url"], "OCRQ_STORE__ACCESS_KEY_ID": "testing",
+           "OCRQ_STORE__SECRET_ACCESS_KEY": "testing", "OCRQ_ENGINE__KIND": "simulated",
+           "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(images)]), "OCRQ_METRICS_PORT": "0",
+           "OCRQ_LOG_LEVEL": "WARNING"}
+    env.pop("OCRQ_CONFIG", None)
+    worker = start_worker(env, "scale-s3", root / "worker-s3.log", url, timeout=120)
+    out: dict[str, Any] = {"images": n}
+    try:
+        client = Client(Settings(redis={"url": url}, store=store, limits={"allowed_roots": [images]}))
+        for name in ("first", "cached"):
+            moto.take()
+            job = client.submit(refs, job=f"s3-{name}")
+            job.wait(timeout=3600, poll=0.5)
+            job.wait_export(timeout=600, poll=0.5)
+            time.sleep(1.0)  # the archive's deletes after the marker
+            run = moto.take()
+            assert sum(1 for _ in job.results()) == n
+            read = moto.take()
+            counted = client.index.cost(job.name)  # what `ocrq status` shows, next to what moto served
+            out[name] = {"requests": run, "per_image": {k: round(v / n, 3) for k, v in sorted(run.items())},
+                         "read_back_per_image": {k: round(v / n, 3) for k, v in sorted(read.items())},
+                         "ocrq_counted_per_image": {"PUT+LIST": round(counted["store_puts"] / n, 3),
+                                                    "GET": round(counted["store_gets"] / n, 3)}}
+        client.close()
+    finally:
+        stop(worker)
+        server.terminate()
+        server.wait(10)
+        moto.server.stop()
+    return out
+
+
 def table(r: dict[str, Any]) -> str:
     mib = 2 ** 20
     rows = [
@@ -183,7 +279,55 @@ def table(r: dict[str, Any]) -> str:
         ("`ocrq status` (counts + cost) on the finished job", f"{r['status_ms']:,} ms"),
         ("`Job.results()` read-back (from the store)", f"{r['results_per_s']:,} img/s"),
     ]
+    ref = r.get("reference")
+    if ref:
+        rows.append((f"throughput, submit → last result read back, against `make bench-overhead`'s first pass "
+                     f"({ref['images']:,} images) in the same run",
+                     f"{ref['this_job_img_s']:,} vs {ref['overhead_first_img_s']:,} img/s = **{ref['ratio']}×**"))
+    s3 = r.get("s3")
+    if s3:
+        for name in ("first", "cached"):
+            per = s3[name]["per_image"]
+            rows.append((f"S3 requests per image, {name} pass ({s3['images']:,} images, to export and archive)",
+                         ", ".join(f"{k} {v}" for k, v in per.items())))
+            rows.append((f"… as `ocrq status` counts them ({name} pass)",
+                         ", ".join(f"{k} {v}" for k, v in s3[name]["ocrq_counted_per_image"].items())))
+            rows.append((f"S3 requests per image, reading the {name} pass back",
+                         ", ".join(f"{k} {v}" for k, v in s3[name]["read_back_per_image"].items())))
     return "\n".join(["| measure | value |", "|---|---:|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def report(r: dict[str, Any], plotted: bool) -> str:
+    run_ = r["run"]
+    left = "\n".join(f"| `{fam}` | {v['keys']:,} | {v['bytes']:,} |" for fam, v in r["after_keys"].items())
+    return f"""# Redis over the life of a large job
+
+Measured {run_['date']} on commit `{run_['commit']}`, a {run_['cpus']}-core host, with
+`{run_['command']}` (`make bench-scale`): one job of {r['images']:,} distinct small PNGs through one
+`ocrq worker` (simulated engine, no latency), the local store, the broker's Redis and a cache-only
+Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are `used_memory` over the broker's
+baseline (the worker started, nothing submitted); the job is followed to its export and archive.
+
+{table(r)}
+
+What stays in the broker's Redis once the job is finished, exported and archived (`MEMORY USAGE`
+by key family; the rest of `used_memory` over the baseline is connection buffers and allocator
+state, the same for any job size):
+
+| keys | count | bytes |
+|---|---:|---:|
+{left}
+
+{"![Redis memory over the job](scale.png)" if plotted else ""}
+
+Where the bytes go: while a job runs, Redis holds one marker per image (a hash entry of ~90
+bytes: `ocrq/jobs.py`), the messages of at most `queue.window` (65,536) of its images
+(`ocrq/feed.py`: the rest of the refs wait in the store), and the records of the images the
+workers are on. Once its export is written the job is archived: the markers go, its meta and
+counts stay (`ocrq/keys.py` gives every key's bound). The store requests are per image on S3
+(moto's server counts what it serves): a first pass writes a cache entry and a result document
+per image and reads each document again for the export.
+"""
 
 
 def plot(r: dict[str, Any], path: Path) -> bool:
@@ -211,9 +355,16 @@ def plot(r: dict[str, Any], path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     parser = argparse.ArgumentParser(prog="python -m bench.scale")
     parser.add_argument("--images", type=int, default=1_000_000)
     parser.add_argument("--cache-max-bytes", type=int, default=Settings().redis.cache_max_bytes)
+    parser.add_argument("--reference", type=int, default=20_000,
+                        help="images of the `make bench-overhead` first pass run beside it (0: skip)")
+    parser.add_argument("--s3-images", type=int, default=2000,
+                        help="images of the S3 request count (moto's server; 0: skip it)")
     parser.add_argument("--no-write", action="store_true", help="print only; docs/bench/ stays as it is")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ocrq-scale-") as tmp:
@@ -221,7 +372,20 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         render(root / "images", args.images)
         print(f"rendered {args.images:,} images in {time.perf_counter() - t:.0f} s", flush=True)
+        if args.reference:
+            # `make bench-overhead`'s first pass, on this host in this run: the throughput reference
+            ref_root = root / "reference"
+            ref_paths = render(ref_root / "in", args.reference)
+            first, _ = ocrq_passes(ref_paths, ref_root, None)
+            shutil.rmtree(ref_root, ignore_errors=True)
         result = run(args.images, root, root / "images", args.cache_max_bytes)
+        if args.reference:
+            # the same measure as the reference: from the submit to the last result read back
+            big = result["images"] / (result["final_s"] + result["images"] / result["results_per_s"])
+            result["reference"] = {"images": args.reference, "overhead_first_img_s": round(first, 1),
+                                   "this_job_img_s": round(big, 1), "ratio": round(big / first, 3)}
+        if args.s3_images:
+            result["s3"] = s3_requests(min(args.s3_images, args.images), root, root / "images")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     result["run"] = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "host": platform.node(),
@@ -234,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
-        plot(result, OUT / "scale.png")
+        plotted = plot(result, OUT / "scale.png")
+        (OUT / "scale.md").write_text(report(result, plotted))
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary), flush=True)
     return 0

@@ -139,6 +139,8 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
     marker = {"job": job, "exported": True, "lines": lines, "counts": counts, "files": files,
               "written": time.time()}
     store.put_json(keys.export_object(job, keys.EXPORT_SUCCESS), marker)
+    # its store requests, as S3 bills them: a GET per document, a LIST per 1,000, a PUT per file
+    index.add_requests(job, len(files) + 1 + -(-lines // 1000), lines)
     return marker
 
 

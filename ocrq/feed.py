@@ -37,7 +37,15 @@ from typing import Any
 
 from ocrq import keys
 from ocrq.jobs import JobIndex
-from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, chunk_groups
+from ocrq.messages import (
+    OCR_CHUNK_TASK,
+    Chunk,
+    Item,
+    checked_message,
+    chunk_argsrepr,
+    chunk_groups,
+    message_bytes,
+)
 from ocrq.scripts import PastMaxmemory
 from ocrq.storage import ResultStore
 from ocrq.transport import captured
@@ -204,7 +212,8 @@ class Feed:
         want = only or (lambda v: v is not None and v[:1] == b"q")
         todo = [Item(id=i, ref=ref, row=row) for (i, ref, row), v in zip(lines, values, strict=True) if want(v)]
         with captured() as sink, self.app.producer_or_acquire() as producer:
-            for part in chunk_groups(todo, self.chunk_size, self.max_message_bytes):
+            envelope = message_bytes(Chunk(job=job, task=sub.task, params=sub.params, items=[]).to_message())
+            for part in chunk_groups(todo, self.chunk_size, self.max_message_bytes, overhead=envelope + 64):
                 chunk = Chunk(job=job, task=sub.task, params=sub.params, items=part, priority=sub.priority or 0)
                 message = checked_message(chunk, self.max_message_bytes)
                 self.app.send_task(OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),

@@ -28,12 +28,18 @@ class JobCost:
     usd: float
     usd_per_1000_images: float
     batches: int
+    #: store requests the job made (its chunks, export and refs shards), per image, and what they
+    #: cost per 1,000 images at ``store.put_usd_per_1000`` / ``get_usd_per_1000``
+    store_puts_per_image: float = 0.0
+    store_gets_per_image: float = 0.0
+    store_usd_per_1000_images: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def job_cost(index: JobIndex, job: str, gpu_hour_usd: float) -> JobCost:
+def job_cost(index: JobIndex, job: str, gpu_hour_usd: float, put_usd_per_1000: float = 0.005,
+             get_usd_per_1000: float = 0.0004) -> JobCost:
     counts = index.counts(job)
     cost = index.cost(job)
     created = index.meta(job).get("created")
@@ -43,7 +49,11 @@ def job_cost(index: JobIndex, job: str, gpu_hour_usd: float) -> JobCost:
     gpu_s = cost["engine_s"]
     done = counts["done"]
     usd = gpu_s / 3600 * gpu_hour_usd
+    images = max(counts["total"], 1)
+    puts, gets = cost["store_puts"] / images, cost["store_gets"] / images
+    store_usd = (puts * put_usd_per_1000 + gets * get_usd_per_1000)  # per 1,000 images: per image × 1,000 / 1,000
     return JobCost(images=counts["total"], done=done, engine_images=int(cost["engine_images"]), gpu_seconds=gpu_s,
                    wall_seconds=wall, img_per_s=done / wall if wall > 0 else 0.0, gpu_hour_usd=gpu_hour_usd,
                    usd=usd, usd_per_1000_images=usd / done * 1000 if done else 0.0,
-                   batches=round(cost["batches"]))
+                   batches=round(cost["batches"]), store_puts_per_image=puts, store_gets_per_image=gets,
+                   store_usd_per_1000_images=store_usd)

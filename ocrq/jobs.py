@@ -23,8 +23,9 @@ from ocrq.results import ImageRecord, ImageStatus
 from ocrq.scripts import PastMaxmemory
 
 # KEYS: images hash, counts hash, the job's failed zset, job meta hash
-# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.feed), then (id, status, cached,
-# doc, engine_s, batch_size) per image. A record is a one-letter marker unless a worker is on the
+# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.feed), the store requests (puts,
+# gets) the call's work made, then (id, status, cached, doc, engine_s, batch_size) per image.
+# A record is a one-letter marker unless a worker is on the
 # image: "q{owner}" queued, no message yet (the submission's shard is its feed: ocrq.feed); "p"
 # queued in a message; "d"/"c" done (engine / cache); "f" failed; running and retrying images
 # hold their ImageRecord JSON (``doc``). A final image's full record is its store document.
@@ -37,10 +38,12 @@ from ocrq.scripts import PastMaxmemory
 # Returns one flag per item: 1 = written (submit: needs a shard line), 0 = left alone.
 _RECORD_LUA = """
 local now, ttl, mode, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_puts', ARGV[5]) end
+if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_gets', ARGV[6]) end
 local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued'}
 local out = {}
 local opened = false
-for i = 5, #ARGV, 6 do
+for i = 7, #ARGV, 6 do
   local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
   local old = redis.call('HGET', KEYS[1], id)
@@ -119,7 +122,7 @@ _IN_WORK = (ImageStatus.running, ImageStatus.retrying)
 MARKS = {"d": ImageStatus.done, "c": ImageStatus.done, "f": ImageStatus.failed, "p": ImageStatus.queued,
          "q": ImageStatus.queued}
 #: counts fields that are not image statuses (what the job cost; see ``ocrq.jobcost``)
-COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done")
+COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done", "store_puts", "store_gets")
 #: counts fields that are neither statuses nor cost: queued images in a message (the feed window)
 WINDOW_FIELDS = ("published",)
 
@@ -146,9 +149,11 @@ class JobIndex:
         pipe.expire(keys.job(job), self.ttl)
         pipe.execute()
 
-    def record(self, records: Sequence[ImageRecord], mode: str = "update", owner: int = 0) -> list[bool]:
+    def record(self, records: Sequence[ImageRecord], mode: str = "update", owner: int = 0,
+               requests: tuple[int, int] = (0, 0)) -> list[bool]:
         """Write records (all of one job per call is typical, but not required). ``owner``: the
-        submission recording them (mode ``submit``; ocrq.feed)."""
+        submission recording them (mode ``submit``; ocrq.feed). ``requests``: the store (puts,
+        gets) their work made, added to the job's counts (one job per call then)."""
         flags: list[bool] = []
         by_job: dict[str, list[ImageRecord]] = {}
         for rec in records:
@@ -156,7 +161,7 @@ class JobIndex:
         now = time.time()
         for job, recs in by_job.items():
             for start in range(0, len(recs), _BATCH):
-                argv: list[Any] = [now, self.ttl, mode, owner]
+                argv: list[Any] = [now, self.ttl, mode, owner, *(requests if start == 0 else (0, 0))]
                 for rec in recs[start:start + _BATCH]:
                     rec.updated = now
                     # only an image a worker is on keeps its record in Redis (others: a marker)
@@ -175,13 +180,20 @@ class JobIndex:
         flags: list[bool] = []
         now = time.time()
         for start in range(0, len(ids), _BATCH):
-            argv: list[Any] = [now, self.ttl, "submit", owner]
+            argv: list[Any] = [now, self.ttl, "submit", owner, 0, 0]
             for image_id in ids[start:start + _BATCH]:
                 argv += [image_id, "queued", "0", "", "", 0]
             res = self._script(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job), keys.job(job)],
                                args=argv)
             flags += [bool(x) for x in res]
         return flags
+
+    def add_requests(self, job: str, puts: int, gets: int) -> None:
+        """Store requests made for the job outside its records (its export, its refs shards)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hincrby(keys.job_counts(job), "store_puts", puts)
+        pipe.hincrby(keys.job_counts(job), "store_gets", gets)
+        pipe.execute()
 
     def archive(self, job: str) -> bool:
         """Move a finished, exported job out of Redis: its per-image records and failed registry

@@ -65,6 +65,10 @@ class StoreSettings(BaseModel):
     region: str = "us-east-1"
     access_key_id: SecretStr | None = None
     secret_access_key: SecretStr | None = None
+    #: dollars per 1,000 PUT (and LIST) and per 1,000 GET requests: `ocrq status JOB` turns the
+    #: job's store requests into cost (S3 Standard list prices)
+    put_usd_per_1000: float = 0.005
+    get_usd_per_1000: float = 0.0004
 
 
 class LimitSettings(BaseModel):

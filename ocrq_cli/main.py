@@ -354,11 +354,16 @@ def status(job: str) -> None:
         console.print(f"{meta['skipped']} files skipped at submit, e.g.:")
         for line in meta.get("skipped_sample", [])[:10]:
             console.print(f"  {escape(line)}")
-    cost = job_cost(client.index, job, settings.gpu_hour_usd)
+    cost = job_cost(client.index, job, settings.gpu_hour_usd, settings.store.put_usd_per_1000,
+                    settings.store.get_usd_per_1000)
     console.print(f"engine {cost.gpu_seconds:.2f} GPU-s over {cost.batches} batches for {cost.engine_images} "
                   f"images (the rest cached or failed) · {cost.img_per_s:.2f} img/s · "
                   f"${cost.usd_per_1000_images:.4f} per 1,000 images at ${cost.gpu_hour_usd:.2f}/GPU-h "
                   "(OCRQ_GPU_HOUR_USD)")
+    console.print(f"store {cost.store_puts_per_image:.2f} PUT + {cost.store_gets_per_image:.2f} GET per image · "
+                  f"${cost.store_usd_per_1000_images:.4f} per 1,000 images at ${settings.store.put_usd_per_1000}"
+                  f" / ${settings.store.get_usd_per_1000} per 1,000 PUT / GET (OCRQ_STORE__PUT_USD_PER_1000, "
+                  "OCRQ_STORE__GET_USD_PER_1000)")
     marker = handle.export_marker()
     if marker:
         console.print(f"export: {marker.get('lines')} lines, {', '.join(marker.get('files', []))} "

@@ -204,6 +204,7 @@ class Client:
         # 2. the refs this submission added, as shards in the store; workers feed each one from
         # the moment it is written (a resumed submit writes only those not written yet)
         mine = b"q%d" % sub.ordinal
+        first = sub.written
         for n, window in enumerate(read_entries(plan.entries())):
             if n < sub.written:
                 continue
@@ -217,6 +218,7 @@ class Client:
             if progress:
                 progress("writing", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
         feed.top_up(job)
+        self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
         # nothing left to run (no accepted file, or all already final): export now
         self.request_export(job, queue)
         return Job(self, job, published=added, plan=plan, resumed=not new)

@@ -107,7 +107,9 @@ class ResultCache:
         self._get = redis.register_script(_GET_LUA)
         self._warned = 0.0
 
-    def get_many(self, cache_keys: Sequence[str]) -> dict[str, Outputs]:
+    def get_many(self, cache_keys: Sequence[str], reads: list[int] | None = None) -> dict[str, Outputs]:
+        """The outputs cached for ``cache_keys`` (found ones only). ``reads``: the store reads
+        this made (the hot copy's misses) are appended to it."""
         unique = list(dict.fromkeys(cache_keys))
         if not unique:
             return {}
@@ -119,6 +121,8 @@ class ResultCache:
             except Exception as exc:  # redis.ConnectionError and friends: the store answers instead
                 self._warn("read", exc)
         misses = [k for k in unique if k not in found]
+        if reads is not None:
+            reads.append(len(misses))
         docs = self.store.get_many((keys.cache_object(k) for k in misses), raw=True) if misses else {}
         warm = {k: _load(d) for k in misses if (d := docs.get(keys.cache_object(k))) is not None}
         if warm:

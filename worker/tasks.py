@@ -122,7 +122,8 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # 2. cache check: one MGET for the chunk (files, and PDF pages one by one); hits are neither
     # decoded nor sent to the engine
     units = [(item_id, n, unit) for item_id, prep in prepared.items() for n, unit in enumerate(prep.units)]
-    hits = ctx.cache.get_many([unit.cache_key for _, _, unit in units])
+    reads: list[int] = []  # the store requests this attempt makes, for the job's cost
+    hits = ctx.cache.get_many([unit.cache_key for _, _, unit in units], reads)
     n_hits = sum(unit.cache_key in hits for _, _, unit in units)
     ctx.metrics.observe_cache(n_hits, len(units) - n_hits)
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
@@ -208,9 +209,9 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     # the failed registry's durable mirror: losing Redis does not lose what failed
     writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
                for d in docs if d.record.status == ImageStatus.failed]
-    ctx.cache.put_many({prepared[i].units[n].cache_key: outs
-                        for (i, n), outs in computed.items() if (i, n) not in shared}, documents=writes)
-    ctx.index.record(records)
+    entries = {prepared[i].units[n].cache_key: outs for (i, n), outs in computed.items() if (i, n) not in shared}
+    ctx.cache.put_many(entries, documents=writes)
+    ctx.index.record(records, requests=(len(entries) + len(writes), sum(reads)))
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
 

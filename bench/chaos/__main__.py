@@ -241,7 +241,7 @@ def wait_final(client: Client, job: Any, refs: list[str], ids: set[str], special
                 again = client.submit(refs, job=job.name, params={"scenario": job.name.removeprefix("chaos-")},
                                       republish=True)
                 notes.append(f"stalled {time.monotonic() - moved:.0f}s at {final}/{len(ids)} final"
-                             f" ({len(ids) - final} not final); re-submit published {again.published}")
+                             f" ({len(ids) - final} not final); the same submit --republish sent {again.published}")
                 moved = time.monotonic()
         except redis.RedisError:
             pass
