@@ -31,8 +31,9 @@ from ocrq.scripts import PastMaxmemory
 # hold their ImageRecord JSON (``doc``). A final image's full record is its store document.
 # Modes: "submit" records new images (never resets one) and says which need its submission's
 # shard: new ones, and those it recorded before without publishing them (a resumed submit);
-# "update" (the workers) moves only images that have a record (an archived job's have none: a
-# stale redelivery is ignored) and never moves a done one back; "force" (reprocess) writes
+# "update" (the workers) never moves a done image back, and leaves an archived job alone (its
+# records left Redis: a stale redelivery is ignored); an image without a record in a job that is
+# not archived (a message from elsewhere) is recorded; "force" (reprocess) writes
 # whatever is there, queued ones as published; "reopen" (reprocess of an archived job) is force
 # for images whose record left with the archive: they were failed.
 # Returns one flag per item: 1 = written (submit: needs a shard line), 0 = left alone.
@@ -43,6 +44,7 @@ if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_gets', ARGV[
 local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued'}
 local out = {}
 local opened = false
+local archived = redis.call('HEXISTS', KEYS[4], 'archived') == 1
 for i = 7, #ARGV, 6 do
   local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
@@ -67,7 +69,9 @@ for i = 7, #ARGV, 6 do
     write = (old == false)
     out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
   else
-    if mode == 'update' and (old == false or (ost == 'done' and st ~= 'done')) then write = false end
+    if mode == 'update' and ((old == false and archived) or (ost == 'done' and st ~= 'done')) then
+      write = false
+    end
     out[#out + 1] = write and 1 or 0
   end
   if write then

@@ -49,6 +49,7 @@ from bench.services import free_port
 from ocrq import keys
 from ocrq.errors import TooLarge
 from ocrq.messages import OCR_CHUNK_TASK
+from ocrq.results import ImageRecord
 from ocrq.settings import Settings
 from ocrq.stack import redis_binary
 from producer.client import Client, SubmissionRefused
@@ -134,6 +135,12 @@ def flower_get(port: int, auth: str, path: str) -> str:
                                  headers={"Authorization": "Basic " + b64encode(auth.encode()).decode()})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return str(resp.read().decode())
+
+
+def failed_record(client: Client, job: str, image_id: str) -> ImageRecord | None:
+    """A failed image's record, from the failed registry's mirror in the store."""
+    doc = client.store.get_json(keys.failed_object(job, image_id))
+    return ImageRecord.model_validate(doc["record"]) if isinstance(doc, dict) else None
 
 
 def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcome, list[str]]:  # noqa: C901
@@ -226,10 +233,11 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
         time.sleep(3.0)  # last events reach Flower, last acks land
         ids = {keys.image_id("sec-main", ref) for ref in refs}
         outcome = verify(r, client.index, client.store, job.name, ids, settings.queue.name)
-        long_rec = client.index.get("sec-long-chunk", [long_id])[0]
+        # (a failed image's record is its store document: Redis keeps a one-letter marker)
+        long_rec = failed_record(client, "sec-long-chunk", long_id)
         if long_rec is None or long_rec.error is None or long_rec.error.type != "RefusedRef":
             problems.append(f"over-long ref: {long_rec}")
-        big = client.index.get("sec-big", [it["id"] for it in big_items])
+        big = [failed_record(client, "sec-big", it["id"]) for it in big_items]
         if not all(b is not None and b.error is not None and b.error.type == "TooLarge" for b in big):
             problems.append(f"oversized chunk not failed TooLarge: {big}")
         else:
