@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ocrq import keys
+from ocrq.errors import MissingObject
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
     OCR_CHUNK_TASK,
@@ -117,9 +118,13 @@ def submissions(redis: Any, job: str) -> list[Submission]:
 
 
 def shard_lines(store: ResultStore, job: str, sub: Submission, window: int) -> list[Line]:
-    """Shard ``window`` of ``sub``: (image id, ref, row) per image it added."""
-    raw = store.get_many([keys.refs_shard(job, sub.sub, window)], raw=True)
-    data = next(iter(raw.values()), b"")
+    """Shard ``window`` of ``sub``: (image id, ref, row) per image it added. A shard counted as
+    written and not in the store is ``MissingObject`` (never an empty shard: its images would
+    never be sent)."""
+    path = keys.refs_shard(job, sub.sub, window)
+    data = store.get_many([path], raw=True).get(path)
+    if data is None:
+        raise MissingObject(f"{store.location}{path}: a written shard of job {job} is not in the store")
     return [(i, ref, row) for i, ref, row in (json.loads(line) for line in data.splitlines() if line)]
 
 

@@ -108,15 +108,16 @@ if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) en
 return out
 """
 
-# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag. Archives the job when it
-# is finished and its export was asked for since its last new work (submit and reprocess clear the
-# flag): the per-image keys go (UNLINK: freed off Redis's main thread), meta and counts stay.
+# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash. Archives the
+# job when it is finished and its export was asked for since its last new work (submit and
+# reprocess clear the flag): the per-image keys and its submissions go (UNLINK: freed off Redis's
+# main thread), meta and counts stay.
 _ARCHIVE_LUA = """
 local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed')
 local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
 if done + failed < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 redis.call('HSET', KEYS[4], 'archived', '1')
-redis.call('UNLINK', KEYS[1], KEYS[3])
+redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
 return 1
 """
 
@@ -200,11 +201,12 @@ class JobIndex:
         pipe.execute()
 
     def archive(self, job: str) -> bool:
-        """Move a finished, exported job out of Redis: its per-image records and failed registry
-        are deleted (their documents are in the store), its meta and counts stay. False when the
-        job got new work since its export was asked for (it is archived after its next export)."""
+        """Move a finished, exported job out of Redis: its per-image records, failed registry and
+        submissions are deleted (their documents are in the store; the caller deletes the refs
+        shards), its meta and counts stay. False when the job got new work since its export was
+        asked for (it is archived after its next export)."""
         return bool(self._archive(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job),
-                                        keys.job(job), keys.job_finishing(job)]))
+                                        keys.job(job), keys.job_finishing(job), keys.job_feed(job)]))
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:job:{job}:feed        HASH  the job's submissions (sub:{id} -> ordinal, windows, task,
                                      params, queue, priority) and, per submission, its shards
                                      written and fed (ocrq.feed)
-        per submission; job_ttl
+        per submission; deleted when the job is archived, else job_ttl
     ocrq:feeding               SET   jobs with a shard written and not yet fed
         per job being fed; a job leaves once every shard is fed
     ocrq:job:{job}:finishing   STR   set (NX) by the worker that saw the job complete and
