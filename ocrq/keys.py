@@ -48,11 +48,11 @@ state is in the store. For each key: what it holds, then how it grows and what b
                                      workers BRPOP it, then claim a message (ocrq.transport)
         per published message; capped at 10,000
 
-Celery's keys: a queue list holds the messages of what was submitted and not yet taken (one per
-chunk of ``queue.chunk_size`` refs: a submission publishes all its chunks at once, so this grows
-with the refs of unfinished submissions); ``unacked``/``unacked_index`` hold the chunks workers
-have taken and not acknowledged (bounded by the workers' prefetch windows); ``celery-task-meta-*``
-holds each chunk task's summary for ``result_expires`` (24 h; a few hundred bytes per chunk).
+Celery's keys: a queue list holds the messages of what was fed and not yet taken (one per chunk
+of ``queue.chunk_size`` refs; at most ``queue.window`` images of each job: ``ocrq.feed``);
+``unacked``/``unacked_index`` hold the chunks workers have taken and not acknowledged (bounded by
+the workers' prefetch windows). Chunk and export tasks store no result (``ignore_result``): no
+``celery-task-meta-*`` per chunk.
 
 Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
 ``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
