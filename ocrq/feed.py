@@ -232,7 +232,7 @@ class Feed:
         n = int(self._feed(keys=[keys.job_feed(job), keys.job_images(job), keys.job_counts(job), keys.FEEDING],
                            args=args))
         if n >= 0:
-            log.info("fed job=%s submission=%s shard=%d: %d image(s) in %d chunk(s)", job, sub.sub, window,
+            log.debug("fed job=%s submission=%s shard=%d: %d image(s) in %d chunk(s)", job, sub.sub, window,
                      len(todo), len(sink))
         return n if n < 0 else len(todo)
 

@@ -195,19 +195,7 @@ def submit(
     except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
-    took = time.monotonic() - t0
-    if handle.resumed and not republish:
-        counts = handle.status()
-        open_ = counts["total"] - counts["done"] - counts["failed"]
-        console.print(f"job [bold]{job}[/]: 0 images submitted: this submission was made before and "
-                      + ("every image of the job is already finished" if not open_ else
-                         f"{_images(open_)} of the job are not final yet (the workers feed them on; after "
-                         "Redis lost data, `--republish` sends them again)"))
-    elif republish and handle.resumed:
-        console.print(f"job [bold]{job}[/]: {_images(handle.published)} sent again in {took:.2f}s")
-    else:
-        console.print(f"job [bold]{job}[/]: {_images(handle.published)} submitted in {took:.2f}s"
-                      + ("" if handle.published else " (every accepted image already in this job)"))
+    _print_submitted(job, handle, time.monotonic() - t0, republish)
     if not (wait or out or show):
         return
     try:
@@ -230,6 +218,22 @@ def submit(
     if counts["failed"]:
         _print_failed(client, job, counts["failed"])
         raise typer.Exit(code=3)
+
+
+def _print_submitted(job: str, handle: Any, took: float, republish: bool) -> None:
+    """What the submit added to the job, or why it added nothing."""
+    counts = handle.status()
+    open_ = counts["total"] - counts["done"] - counts["failed"]
+    if republish and handle.resumed:
+        console.print(f"job [bold]{job}[/]: {_images(handle.published)} sent again in {took:.2f}s")
+    elif handle.published:
+        console.print(f"job [bold]{job}[/]: {_images(handle.published)} submitted in {took:.2f}s")
+    elif not open_:
+        console.print(f"job [bold]{job}[/]: 0 images submitted: every accepted image already finished in this job")
+    else:
+        console.print(f"job [bold]{job}[/]: 0 images submitted: every accepted image is already in this job, "
+                      f"{_images(open_)} of it not final yet (the workers go on"
+                      + ("; after Redis lost data, `--republish` sends them again)" if handle.resumed else ")"))
 
 
 @contextmanager

@@ -172,6 +172,12 @@ class Client:
                             priority: int | None, queue: str, parquet: bool, republish: bool,
                             progress: Progress | None) -> Job:
         feed = self.feed
+        # an archived job (finished and exported) keeps no records in Redis: its final images are
+        # the result documents in the store, and a re-submission leaves them alone
+        final = self._final_ids(job) if self.index.exists(job) and self.index.archived(job) else set()
+        if final and all(keys.image_id(job, ref, row) in final for ref, row in plan.entries()):
+            self.request_export(job, queue)
+            return Job(self, job, published=0, plan=plan)  # nothing new: nothing registered
         windows = -(-plan.accepted // WINDOW)
         sub, new = feed.register(job, submission_id(task, params, plan.lines()), windows, task, params, queue,
                                  priority)
@@ -183,9 +189,6 @@ class Client:
             self.request_export(job, queue)
             return Job(self, job, published=sent, plan=plan, resumed=True)
         self._check_sizes(plan, job)
-        # an archived job (finished and exported) keeps no records in Redis: its final images are
-        # the result documents in the store, and a re-submission leaves them alone
-        final = self._final_ids(job) if self.index.exists(job) and self.index.archived(job) else set()
         skipped = [redact_text(f"{e.value}: {e.reason}") for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
