@@ -4,8 +4,8 @@ worker writes beside each failed image's result so losing Redis does not lose th
 failed. Once a job is archived (finished and exported: ``ocrq.jobs``), the mirror is its
 registry: Redis keeps nothing per image of a finished job.
 
-A store entry is stale once the image's result document is no longer ``failed`` (it was
-reprocessed and succeeded); ``from_store`` skips those.
+A reprocess deletes the mirror entries of the images it re-publishes (before publishing them:
+an image that fails again gets a new one), so the mirror lists what is failed now.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def registered(index: JobIndex, store: ResultStore, job: str | None = None, erro
 
 def from_store(store: ResultStore, job: str | None = None, error: str | None = None,
                since: float | None = None) -> Iterator[FailedImage]:
-    """The durable mirror (no Redis needed), skipping images whose result is no longer failed."""
+    """The durable mirror (no Redis needed)."""
     prefix = keys.FAILED_OBJECTS + (f"{job}/" if job else "")
     for path in store.list(prefix):
         doc = store.get_json(path)
@@ -97,9 +97,6 @@ def from_store(store: ResultStore, job: str | None = None, error: str | None = N
         failed_at = float(doc.get("failed_at") or rec.updated)
         if not _matches(rec, error) or (since is not None and failed_at < since):
             continue
-        current = store.get_json(keys.result_object(rec.job, rec.id))
-        if current and current.get("record", {}).get("status") != ImageStatus.failed.value:
-            continue  # reprocessed since
         yield FailedImage(rec, failed_at, doc.get("task"), doc.get("params"))
 
 

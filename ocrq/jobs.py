@@ -14,6 +14,7 @@ is in the store (written before its record), so readers take a finished job from
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -24,11 +25,12 @@ from ocrq.scripts import PastMaxmemory
 
 # KEYS: images hash, counts hash, the job's failed zset, job meta hash
 # ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.feed), the store requests (puts,
-# gets) the call's work made, then (id, status, cached, doc, engine_s, batch_size) per image.
-# A record is a one-letter marker unless a worker is on the
-# image: "q{owner}" queued, no message yet (the submission's shard is its feed: ocrq.feed); "p"
-# queued in a message; "d"/"c" done (engine / cache); "f" failed; running and retrying images
-# hold their ImageRecord JSON (``doc``). A final image's full record is its store document.
+# gets) the call's work made, the result part holding the final images' documents (its number,
+# or ""), then (id, status, cached, doc, engine_s, batch_size) per image.
+# A record is a short marker unless a worker is on the image: "q{owner}" queued, no message yet
+# (the submission's shard is its feed: ocrq.feed); "p" queued in a message; "d{part}"/"c{part}"
+# done (engine / cache); "f{part}" failed; running and retrying images hold their ImageRecord
+# JSON (``doc``). A final image's full record is its document, in that part (ocrq.parts).
 # Modes: "submit" records new images (never resets one) and says which need its submission's
 # shard: new ones, and those it recorded before without publishing them (a resumed submit);
 # "update" (the workers) never moves a done image back, and leaves an archived job alone (its
@@ -42,10 +44,11 @@ local now, ttl, mode, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_puts', ARGV[5]) end
 if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_gets', ARGV[6]) end
 local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued'}
+local part = ARGV[7]
 local out = {}
 local opened = false
 local archived = redis.call('HEXISTS', KEYS[4], 'archived') == 1
-for i = 7, #ARGV, 6 do
+for i = 8, #ARGV, 6 do
   local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
   local old = redis.call('HGET', KEYS[1], id)
@@ -76,8 +79,8 @@ for i = 7, #ARGV, 6 do
   end
   if write then
     local value = doc
-    if st == 'done' then value = (cached == '1') and 'c' or 'd'
-    elseif st == 'failed' then value = 'f'
+    if st == 'done' then value = ((cached == '1') and 'c' or 'd') .. part
+    elseif st == 'failed' then value = 'f' .. part
     elseif st == 'queued' then value = (mode == 'submit') and ('q' .. owner) or 'p' end
     redis.call('HSET', KEYS[1], id, value)
     if opub then redis.call('HINCRBY', KEYS[2], 'published', -1) end
@@ -121,6 +124,15 @@ redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
 return 1
 """
 
+# KEYS: job meta hash. ARGV: a new epoch (JSON), ttl. The job's epoch (kept if set) and its next
+# part number (ocrq.parts).
+_NEW_PART_LUA = """
+redis.call('HSETNX', KEYS[1], 'epoch', ARGV[1])
+local n = redis.call('HINCRBY', KEYS[1], 'parts', 1)
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return {redis.call('HGET', KEYS[1], 'epoch'), n}
+"""
+
 _BATCH = 500
 _IN_WORK = (ImageStatus.running, ImageStatus.retrying)
 #: what a marker says (the record Lua's ``marks``)
@@ -140,6 +152,7 @@ class JobIndex:
         # the workers' updates finish accepted work: they run past maxmemory (ocrq.scripts)
         self._update = PastMaxmemory(redis, _RECORD_LUA)
         self._archive = redis.register_script(_ARCHIVE_LUA)
+        self._new_part = PastMaxmemory(redis, _NEW_PART_LUA)
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -155,10 +168,11 @@ class JobIndex:
         pipe.execute()
 
     def record(self, records: Sequence[ImageRecord], mode: str = "update", owner: int = 0,
-               requests: tuple[int, int] = (0, 0)) -> list[bool]:
+               requests: tuple[int, int] = (0, 0), part: int | None = None) -> list[bool]:
         """Write records (all of one job per call is typical, but not required). ``owner``: the
         submission recording them (mode ``submit``; ocrq.feed). ``requests``: the store (puts,
-        gets) their work made, added to the job's counts (one job per call then)."""
+        gets) their work made, added to the job's counts (one job per call then). ``part``: the
+        result part (``new_part``) the final records' documents were written to."""
         flags: list[bool] = []
         by_job: dict[str, list[ImageRecord]] = {}
         for rec in records:
@@ -166,7 +180,8 @@ class JobIndex:
         now = time.time()
         for job, recs in by_job.items():
             for start in range(0, len(recs), _BATCH):
-                argv: list[Any] = [now, self.ttl, mode, owner, *(requests if start == 0 else (0, 0))]
+                argv: list[Any] = [now, self.ttl, mode, owner, *(requests if start == 0 else (0, 0)),
+                                   "" if part is None else part]
                 for rec in recs[start:start + _BATCH]:
                     rec.updated = now
                     # only an image a worker is on keeps its record in Redis (others: a marker)
@@ -185,13 +200,20 @@ class JobIndex:
         flags: list[bool] = []
         now = time.time()
         for start in range(0, len(ids), _BATCH):
-            argv: list[Any] = [now, self.ttl, "submit", owner, 0, 0]
+            argv: list[Any] = [now, self.ttl, "submit", owner, 0, 0, ""]
             for image_id in ids[start:start + _BATCH]:
                 argv += [image_id, "queued", "0", "", "", 0]
             res = self._script(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job), keys.job(job)],
                                args=argv)
             flags += [bool(x) for x in res]
         return flags
+
+    def new_part(self, job: str) -> tuple[str, int]:
+        """A fresh result part of the job: (the job's epoch, the part's number), for
+        ``keys.result_part``. Numbers only grow while the job's meta lives; the epoch changes with
+        a new meta, so a part's name is never reused (parts are written once, never replaced)."""
+        epoch, n = self._new_part(keys=[keys.job(job)], args=[json.dumps(secrets.token_hex(4)), self.ttl])
+        return json.loads(epoch), int(n)
 
     def add_requests(self, job: str, puts: int, gets: int) -> None:
         """Store requests made for the job outside its records (its export, its refs shards)."""
@@ -230,7 +252,8 @@ class JobIndex:
         fields = {k.decode(): v for k, v in raw.items()}
         counts = {s.value: 0 for s in ImageStatus}
         counts.update({k: int(v) for k, v in fields.items() if k not in COST_FIELDS})
-        counts.pop("published", None)
+        for field in WINDOW_FIELDS:
+            counts.pop(field, None)
         counts["cached"] = counts.get("cached", 0)
         # jobs recorded before the total was counted: their records are all there
         counts["total"] = counts.get("total") or int(records)

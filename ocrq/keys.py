@@ -8,12 +8,15 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:jobs                  ZSET  job name -> created (epoch s)
         per job; members older than job_ttl are trimmed at each create
     ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
-                                     there), exports, skipped (+ sample), created, archived
+                                     there), exports, skipped (+ sample), created, archived,
+                                     epoch and parts (the result parts' names: ocrq.parts)
         per job; job_ttl (30 d)
     ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
                                      batches, last_done (what it cost); exact (one Lua script)
         per job; job_ttl
-    ocrq:job:{job}:images      HASH  image id -> ImageRecord JSON (compact)
+    ocrq:job:{job}:images      HASH  image id -> a marker (d/c/f + the number of the part that
+                                     holds its document, p, q{submission}) or the
+                                     ImageRecord JSON of an image a worker is on
         per image of a running job; deleted when the job is archived (finished and exported),
         else job_ttl
     ocrq:job:{job}:failed      ZSET  image id -> failed at (epoch s): the job's failed registry
@@ -62,17 +65,25 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
                                             line [image id, ref, manifest row] per image it added;
                                             deleted when the job is archived
-    {prefix}results/{job}/{image id}.json   ImageResult: record + outputs, one per image of a job
+    {prefix}results/{job}/parts/{epoch}-{n}.jsonl  ImageResult lines: the final images of one
+                                            stored chunk (``ocrq.parts``); one PUT per chunk
+    {prefix}results/{job}/index.json        written at export: the parts that hold the job's
+                                            current documents, and the lines in them that a later
+                                            part replaced (an archived job is read through it)
+    {prefix}results/{job}/{image id}.json   ImageResult of one image, as written before result
+                                            parts (read, never written)
     {prefix}failed/{job}/{image id}.json    durable mirror of the failed registry: the failed
                                             record + task, params (``ocrq failed --from-store``);
-                                            stale once the result above is done again
+                                            deleted when the image is reprocessed
     {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
     {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
     {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
 
-The store is the history: per image of a job it grows by one result document and, on a first
-read of the bytes, one cache entry (plus a failed mirror per failed image); per job by its
-export. ocrq never deletes results: what bounds them is the bucket's lifecycle rules (S3) or the
+The store is the history: per image of a job it grows by one result document (a line of a
+part: one object per chunk) and, on a first read of the bytes, one cache entry (plus a failed
+mirror per failed image, deleted when the image is reprocessed); per job by its export and its
+results index. A first pass writes 1 + 1/chunk PUTs per image (the cache entry and its share of
+a part). ocrq never deletes results: what bounds them is the bucket's lifecycle rules (S3) or the
 operator (the local store).
 
 Ids: image id = sha256(job NUL ref)[:32] (plus NUL + the manifest row's JSON when the ref came with
@@ -188,7 +199,19 @@ def refs_shard(job_name: str, submission: str, window: int) -> str:
 
 
 def result_object(job_name: str, image_id: str) -> str:
+    """One image's document as ocrq wrote it before result parts (still read: ``ocrq.parts``)."""
     return f"results/{job_name}/{image_id}.json"
+
+
+def result_part(job_name: str, epoch: str, n: int) -> str:
+    """The documents of the final images of one stored chunk (``ocrq.parts``): ``epoch`` is the
+    job's (``ocrq:job:{job}`` ``epoch``, new when the job's meta is new), ``n`` its part counter."""
+    return f"results/{job_name}/parts/{epoch}-{n:08d}.jsonl"
+
+
+def results_index(job_name: str) -> str:
+    """Which parts hold a finished job's current documents (``ocrq.parts``), written at export."""
+    return f"results/{job_name}/index.json"
 
 
 def results_prefix(job_name: str) -> str:

@@ -141,6 +141,10 @@ class SqliteStore:
         """A job's export file (large, read by other tools): a plain file under ``store.path``."""
         self._legacy.put_file(path, local, content_type)
 
+    def delete_many(self, paths: Iterable[str]) -> None:
+        for path in paths:  # (one statement each: deletes are rare, a reprocess or an archive)
+            self.delete(path)
+
     def delete(self, path: str) -> None:
         if is_export_object(path):
             self._legacy.delete(path)

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +46,10 @@ class ResultStore(Protocol):
     def put_file(self, path: str, local: Path, content_type: str) -> None: ...
 
     def delete(self, path: str) -> None: ...
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """Delete every path (missing ones too): S3 deletes 1,000 per request."""
+        ...
 
 
 def make_s3_client(store: StoreSettings) -> Any:
@@ -127,6 +132,10 @@ class LocalStore:
         except OSError as exc:
             raise StorageUnavailable(f"local store delete {path}: {exc}") from exc
 
+    def delete_many(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
     def list(self, prefix: str) -> Iterator[str]:
         base = self._path(prefix)
         if not base.is_dir():
@@ -207,6 +216,21 @@ class S3Store:
             self.client.delete_object(Bucket=self.bucket, Key=self.prefix + path)
         except (BotoCoreError, ClientError) as exc:
             raise s3_error(exc, f"{self.location}{path} (delete)") from exc
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        todo = iter(paths)
+        while group := list(islice(todo, 1000)):
+            try:
+                out = self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self.prefix + p} for p in group], "Quiet": True})
+            except (BotoCoreError, ClientError) as exc:
+                raise s3_error(exc, f"{self.location} (delete of {len(group)} objects)") from exc
+            if out.get("Errors"):
+                first = out["Errors"][0]
+                raise StorageUnavailable(f"S3 delete {self.location}{first.get('Key')}: {first.get('Message')}"
+                                         f" ({len(out['Errors'])} of {len(group)} not deleted)")
 
     def list(self, prefix: str) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -23,6 +23,7 @@ from rich.console import Console
 from ocrq import failed as registry
 from ocrq import keys
 from ocrq.jobs import JobIndex
+from ocrq.parts import document
 from ocrq.settings import Settings, load_settings
 from ocrq.storage import ResultStore, make_store
 
@@ -105,7 +106,8 @@ def show(image: str = typer.Argument(..., help="image id, or JOB/ID")) -> None:
         out["record"] = rec.model_dump(mode="json", exclude_none=True)
     out["failed_at"] = score
     out["in_registry"] = score is not None
-    doc = store.get_json(keys.result_object(job, image_id))
+    stored = document(index, store, job, image_id, mirror.get("document") if isinstance(mirror, dict) else None)
+    doc = None if stored is None else stored.model_dump(mode="json")
     if doc is not None:
         out["result"] = doc
     if not out.get("record") and doc is None:

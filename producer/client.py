@@ -41,6 +41,7 @@ from ocrq.messages import (
     chunk_argsrepr,
     message_bytes,
 )
+from ocrq.parts import read_index
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text, redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
@@ -174,8 +175,9 @@ class Client:
         feed = self.feed
         # an archived job (finished and exported) keeps no records in Redis: its final images are
         # the result documents in the store, and a re-submission leaves them alone
-        final = self._final_ids(job) if self.index.exists(job) and self.index.archived(job) else set()
-        if final and all(keys.image_id(job, ref, row) in final for ref, row in plan.entries()):
+        archived = self.index.exists(job) and self.index.archived(job)
+        final = self._final_ids(job, plan, task, params) if archived else set()
+        if final is None or (final and all(keys.image_id(job, ref, row) in final for ref, row in plan.entries())):
             self.request_export(job, queue)
             return Job(self, job, published=0, plan=plan)  # nothing new: nothing registered
         windows = -(-plan.accepted // WINDOW)
@@ -257,11 +259,13 @@ class Client:
 
         return request_export(self.redis, self.index, job, send, self.settings.redis.job_ttl)
 
-    def _final_ids(self, job: str) -> set[str]:
-        """Image ids of the job that have a result document in the store (final ones)."""
-        export = keys.export_prefix(job)
-        return {p.rpartition("/")[2].removesuffix(".json") for p in self.store.list(keys.results_prefix(job))
-                if not p.startswith(export)}
+    def _final_ids(self, job: str, plan: IntakePlan, task: str, params: dict[str, Any]) -> set[str] | None:
+        """The final images of the archived ``job`` (its documents); None when ``plan`` is a
+        submission the job had (its results index names it): every image of it is final."""
+        prior = read_index(self.store, job)
+        if prior is not None and submission_id(task, params, plan.lines()) in prior.get("submissions", []):
+            return None
+        return {r.record.id for r in export_results(self.index, self.store, job) if r.record.status.final}
 
     def reprocess_failed(self, job: str | None = None, *, error: str | None = None,
                          dry_run: bool = False) -> int:
@@ -285,6 +289,8 @@ class Client:
                           for r in records]
                 # an archived job's failed images have no record left: "reopen" counts them back
                 self.index.record(queued, mode="reopen" if self.index.archived(j) else "force")
+                # their failed mirrors go before any is published: a failure again writes a new one
+                self.store.delete_many(keys.failed_object(j, r.id) for r in records)
                 items = [Item(id=r.id, ref=r.ref, row=r.row) for r in records]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]

@@ -204,14 +204,10 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    writes: list[tuple[str, Any]] = [(keys.result_object(d.record.job, d.record.id), d.model_dump_json().encode())
-                                     for d in docs]
-    # the failed registry's durable mirror: losing Redis does not lose what failed
-    writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record))
-               for d in docs if d.record.status == ImageStatus.failed]
+    part, writes = _documents(ctx, chunk, docs)
     entries = {prepared[i].units[n].cache_key: outs for (i, n), outs in computed.items() if (i, n) not in shared}
     ctx.cache.put_many(entries, documents=writes)
-    ctx.index.record(records, requests=(len(entries) + len(writes), sum(reads)))
+    ctx.index.record(records, requests=(len(entries) + len(writes), sum(reads)), part=part)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     log.info("→ store %s docs=%d %s", tag, len(docs), ctx.store.location)
 
@@ -220,6 +216,20 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("← ack %s done=%d cached=%d failed=%d retry=%d %.2fs", tag, report.done, report.cached,
              report.failed, len(report.retry), time.monotonic() - t0)
     return report
+
+
+def _documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult]) -> tuple[int | None, list[tuple[str, Any]]]:
+    """The store writes of a chunk's final images: one result part holding their documents
+    (ocrq.parts; its number goes into their markers) and, per failed image, the failed registry's
+    durable mirror (losing Redis does not lose what failed)."""
+    if not docs:
+        return None, []
+    epoch, part = ctx.index.new_part(chunk.job)
+    path = keys.result_part(chunk.job, epoch, part)
+    writes: list[tuple[str, Any]] = [(path, b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n")]
+    writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record, path))
+               for d in docs if d.record.status == ImageStatus.failed]
+    return part, writes
 
 
 def _settle(ctx: WorkerContext, chunk: Chunk, item: Item, err: OcrqError, prep: Prepared | None,
@@ -235,10 +245,11 @@ def _settle(ctx: WorkerContext, chunk: Chunk, item: Item, err: OcrqError, prep: 
     return _record(chunk, item, ImageStatus.failed, final, prep, worker=worker)
 
 
-def _failed_entry(chunk: Chunk, rec: ImageRecord) -> dict[str, Any]:
-    """The failed registry's durable mirror of one image (what ``ocrq failed --from-store`` reads)."""
+def _failed_entry(chunk: Chunk, rec: ImageRecord, document: str) -> dict[str, Any]:
+    """The failed registry's durable mirror of one image (what ``ocrq failed --from-store`` reads);
+    ``document``: the result part holding its document (``ocrq failed show`` reads it there)."""
     return {"record": rec.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
-            "failed_at": time.time()}
+            "failed_at": time.time(), "document": document}
 
 
 def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
@@ -334,8 +345,7 @@ def _archive(ctx: WorkerContext, job: str) -> None:
     if not ctx.index.archive(job):
         return  # new work came in since its export was asked for: archived after the next one
     shards = list(ctx.store.list(keys.refs_prefix(job)))
-    for path in shards:
-        ctx.store.delete(path)
+    ctx.store.delete_many(shards)
     log.info("← archive job=%s (%d refs shards deleted)", job, len(shards))
 
 
@@ -366,10 +376,10 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
         return report
     records = [_settle(ctx, chunk, it, err, None, worker, report) for it in chunk.items]
     failed = [rec for rec in records if rec.status is ImageStatus.failed]
+    part = None
     try:
-        ctx.store.put_many([(keys.result_object(rec.job, rec.id), ImageResult(record=rec).model_dump(mode="json"))
-                            for rec in failed] + [(keys.failed_object(rec.job, rec.id), _failed_entry(chunk, rec))
-                                                  for rec in failed])
+        part, writes = _documents(ctx, chunk, [ImageResult(record=rec) for rec in failed])
+        ctx.store.put_many(writes)
     except Exception as exc:
         # the final failures cannot be written (the store is what is down): acking them now would
         # leave them "running" for good. They go back as they are, their attempt not counted
@@ -382,15 +392,15 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
         records = [_record(chunk, it, ImageStatus.retrying, err, worker=worker) if it.id in back else rec
                    for it, rec in zip(chunk.items, records, strict=True)]
     _set_countdown(ctx, report)
-    _record_all(ctx, chunk, records)
+    _record_all(ctx, chunk, records, part)
     return report
 
 
-def _record_all(ctx: WorkerContext, chunk: Chunk, records: list[ImageRecord]) -> None:
+def _record_all(ctx: WorkerContext, chunk: Chunk, records: list[ImageRecord], part: int | None = None) -> None:
     """A whole-chunk failure's records: counted, then indexed (Redis may be what is away: the
     retry message still carries the images)."""
     ctx.metrics.observe_records(chunk.task, records)
     try:
-        ctx.index.record(records)
+        ctx.index.record(records, part=part)
     except Exception:
         log.exception("! could not record chunk failure for job=%s", chunk.job)

@@ -69,11 +69,13 @@ def test_folder_with_duplicates_and_corrupt_files(redis_url, redis_client, start
         assert rec.status.value == "failed" and rec.attempts == 1
         assert rec.error is not None and rec.error.type in {"BadImage", "UnsupportedFormat"}, rec.error
         assert rec.id in registry
-    # durable documents exist for every image (rows of the local store's database, read back)
+    # durable documents exist for every image (rows of the local store's database, read back): a
+    # result part per stored chunk (not one object per image), every image a line of one
     local = make_store(StoreSettings(path=store))
-    listed = list(local.list(keys.results_prefix("folder")))
-    assert len(listed) == 200
-    assert set(local.get_many(listed)) == set(listed)
+    parts = list(local.list(keys.results_prefix("folder") + "parts/"))
+    assert 0 < len(parts) < 200
+    lines = [json.loads(ln) for data in local.get_many(parts, raw=True).values() for ln in data.splitlines()]
+    assert sorted(ln["record"]["id"] for ln in lines) == sorted(r.record.id for r in results.values())
 
 
 def test_resubmit_is_idempotent_and_second_job_hits_cache(redis_url, redis_client, start_worker, tmp_path):
@@ -154,13 +156,17 @@ def test_s3_prefix_in_results_to_s3(redis_url, start_worker, tmp_path, s3_endpoi
     results = {r.record.ref.rsplit("/", 1)[-1]: r for r in job.results()}
     for path, words in truth.items():
         assert all(w in results[path.name].text.lower() for w in words), results[path.name].text
+    job.wait_export(timeout=120)
     listed = s3.list_objects_v2(Bucket=bucket, Prefix="out/results/s3job/", Delimiter="/")
-    assert listed["KeyCount"] == 6  # 5 result documents + the export/ "folder" (written at completion)
-    assert [p["Prefix"] for p in listed["CommonPrefixes"]] == ["out/results/s3job/export/"]
+    # the results index + the export/ and parts/ "folders": documents are lines of result parts
+    assert [c["Key"] for c in listed["Contents"]] == ["out/results/s3job/index.json"]
+    assert [p["Prefix"] for p in listed["CommonPrefixes"]] == ["out/results/s3job/export/", "out/results/s3job/parts/"]
     cached = s3.list_objects_v2(Bucket=bucket, Prefix="out/cache/")
     assert cached["KeyCount"] == 5
-    doc = json.loads(s3.get_object(Bucket=bucket, Key=listed["Contents"][0]["Key"])["Body"].read())
-    assert doc["record"]["status"] == "done"
+    parts = s3.list_objects_v2(Bucket=bucket, Prefix="out/results/s3job/parts/")["Contents"]
+    docs = [json.loads(line) for p in parts
+            for line in s3.get_object(Bucket=bucket, Key=p["Key"])["Body"].read().splitlines()]
+    assert len(docs) == 5 and {d["record"]["status"] for d in docs} == {"done"}
 
 
 def test_multi_frame_tiff_gives_one_output_per_page(redis_url, start_worker, tmp_path):

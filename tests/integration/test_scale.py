@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.overhead import render
-from bench.scale import run
+from bench.scale import run, s3_requests
 from ocrq import keys
 from ocrq.results import OcrOutput
 from ocrq.sqlite_store import SqliteStore
@@ -61,3 +61,21 @@ def test_the_hot_cache_rotates_generations_and_reads_both(redis_client, tmp_path
     redis_client.flushdb()
     off.put_many({"z": outs})
     assert not list(redis_client.scan_iter("ocrq:hot*")) and set(off.get_many(["z"])) == {"z"}
+
+
+def test_a_first_pass_puts_one_object_per_image_and_a_part_per_chunk(tmp_path: Path) -> None:
+    """Store requests per image against moto's S3 server (requests counted as served): the cache
+    entry, and a share of one result part per chunk; a cached pass writes parts only. What
+    ``ocrq status`` counts agrees with what the server saw."""
+    n = 640
+    render(tmp_path / "images", n)
+    r = s3_requests(n, tmp_path, tmp_path / "images")
+    first, cached = r["first"], r["cached"]
+    assert first["per_image"]["PUT"] <= 1.2, first
+    assert first["per_image"]["PUT"] >= 1.0, first  # every image's cache entry
+    assert cached["per_image"].get("PUT", 0) <= 0.2, cached
+    # the read-back of a finished (archived) job: its index and its parts, not a GET per image
+    assert first["read_back_per_image"]["GET"] <= 0.2, first
+    for run_ in (first, cached):
+        assert abs(run_["ocrq_counted_per_image"]["PUT+LIST"] - run_["per_image"]["PUT"]
+                   - run_["per_image"].get("LIST", 0)) <= 0.05, run_

@@ -30,6 +30,7 @@ def built_redis_keys() -> set[str]:
 
 def built_store_paths() -> set[str]:
     paths = {keys.cache_object("{}"), keys.result_object("{}", "{}"), keys.failed_object("{}", "{}"),
+             keys.result_part("{}", "{}", 0).replace("00000000", "{}"), keys.results_index("{}"),
              keys.refs_shard("{}", "{}", 0).replace("000000", "{}")}
     paths |= {keys.export_object("{}", n) for n in (keys.EXPORT_JSONL, keys.EXPORT_PARQUET, keys.EXPORT_SUCCESS)}
     return {_norm(p) for p in paths}

@@ -31,8 +31,16 @@ class FakeStore:
 class FakeIndex:
     recorded: list[ImageRecord] = field(default_factory=list)
 
-    def record(self, records: list[ImageRecord]) -> None:
+    parts: int = 0
+    part_of: dict[str, int | None] = field(default_factory=dict)
+
+    def record(self, records: list[ImageRecord], part: int | None = None) -> None:
         self.recorded += records
+        self.part_of.update((r.id, part) for r in records)
+
+    def new_part(self, job: str) -> tuple[str, int]:
+        self.parts += 1
+        return "e0", self.parts
 
 
 class FakeMetrics:
@@ -89,8 +97,10 @@ def test_final_failures_are_recorded_when_the_store_is_up() -> None:
     ctx = FakeContext(FakeStore(down=False))
     report = _retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("redis went away"), "w@h")  # type: ignore[arg-type]
     assert report.failed == 1 and [it.id for it in report.retry] == ["b"]
-    assert ctx.store.written == ["results/j/a.json", "failed/j/a.json"]
+    # the failure's document goes into a result part, which its record names; and the mirror
+    assert ctx.store.written == ["results/j/parts/e0-00000001.jsonl", "failed/j/a.json"]
     assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.failed, "b": ImageStatus.retrying}
+    assert ctx.index.part_of == {"a": 1, "b": 1}
 
 
 def test_the_outage_wait_grows_with_the_outage_and_ends_after_outage_retry_s() -> None:

@@ -1,0 +1,117 @@
+"""Result parts (ocrq.parts) over a real Redis index and the SQLite store: a job read back while it
+runs, through its results index once archived, and after a reprocess of the archived job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ocrq import keys
+from ocrq.export import export_job, results
+from ocrq.feed import Feed, shard_bytes
+from ocrq.jobs import JobIndex
+from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
+from ocrq.sqlite_store import SqliteStore
+
+pytestmark = pytest.mark.integration
+
+
+def rec(i: int, status: ImageStatus, **kw) -> ImageRecord:
+    return ImageRecord(id=f"id{i}", job="j", ref=f"/r{i}", status=status, **kw)
+
+
+def doc(r: ImageRecord, text: str) -> ImageResult:
+    return ImageResult(record=r, outputs=[OcrOutput(text=text, engine="e", model="m")] if r.status == "done" else [])
+
+
+def store_part(index: JobIndex, store: SqliteStore, docs: list[ImageResult]) -> int:
+    """What a worker does with a chunk's final images: one part, then their records naming it."""
+    epoch, n = index.new_part("j")
+    store.put_many([(keys.result_part("j", epoch, n), b"\n".join(d.model_dump_json().encode() for d in docs))])
+    index.record([d.record for d in docs], part=n)
+    return n
+
+
+@pytest.fixture()
+def job(redis_client, tmp_path):
+    index = JobIndex(redis_client, ttl=60)
+    index.create("j", {"task": "text"})
+    store = SqliteStore(tmp_path / "store")
+    feed = Feed(redis_client, store, index, app=None, window=65536, chunk_size=4, max_message_bytes=2**20)
+    sub, _ = feed.register("j", "s1", 1, "text", {}, "ocrq", None)
+    assert index.record_queued("j", [f"id{i}" for i in range(7)], sub.ordinal) == [True] * 7
+    store.put_many([(keys.refs_shard("j", "s1", 0), shard_bytes((f"id{i}", f"/r{i}", None) for i in range(8)))])
+    feed.written("j", sub, 1)  # (id7 is in the shard without a record: listed as queued)
+    return index, store
+
+
+def test_a_running_job_reads_each_image_once_from_the_part_its_marker_names(job, redis_client):
+    index, store = job
+    first = store_part(index, store, [doc(rec(i, ImageStatus.done, pages=1), f"text id{i}") for i in range(3)])
+    store_part(index, store, [doc(rec(3, ImageStatus.done, pages=1), "text id3")])
+    # id4: a document as written before parts (a marker without a number names the object)
+    r4 = rec(4, ImageStatus.done, pages=1)
+    store.put_many([(keys.result_object("j", "id4"), doc(r4, "text id4").model_dump_json().encode())])
+    index.record([r4])
+    index.record([rec(5, ImageStatus.running)])
+    index.record([rec(6, ImageStatus.done)], part=99)  # final, its part missing from the store
+    assert redis_client.hget(keys.job_images("j"), "id0") == f"d{first}".encode()
+    got = {r.record.id: r for r in results(index, store, "j", batch=2)}
+    assert sorted(got) == [f"id{i}" for i in range(8)]
+    assert all(got[f"id{i}"].text == f"text id{i}" for i in range(5))
+    assert got["id7"].record.status is ImageStatus.queued and got["id7"].record.ref == "/r7"
+    assert got["id5"].outputs == [] and got["id5"].record.status is ImageStatus.running
+    assert got["id6"].outputs == [] and got["id6"].record.status is ImageStatus.done
+
+
+def test_an_archived_job_reads_through_its_index_and_a_reprocess_replaces_lines(job, redis_client):
+    index, store = job
+    bad = ErrorInfo(type="BadImage", message="x")
+    store_part(index, store, [doc(rec(i, ImageStatus.done), f"v1 id{i}") for i in range(4)]
+               + [doc(rec(4, ImageStatus.failed, error=bad), "")])
+    # id0 done again in a later part (a redelivery whose records were lost): the later one is current
+    store_part(index, store, [doc(rec(0, ImageStatus.done), "v2 id0")])
+    store_part(index, store, [doc(rec(i, ImageStatus.done), f"v1 id{i}") for i in (5, 6)]
+               + [doc(ImageRecord(id="id7", job="j", ref="/r7", status=ImageStatus.done), "v1 id7")])
+    marker = export_job(index, store, "j")
+    assert marker["exported"] and marker["lines"] == 8
+    redis_client.set(keys.job_finishing("j"), "1")
+    assert index.archive("j") and not redis_client.exists(keys.job_images("j"))
+    idx = store.get_json(keys.results_index("j"))
+    # in the order the walk met them (id0's current part first); part 1's id0 line is replaced
+    assert [(name[-10:], skip) for name, skip in idx["parts"]] == [
+        ("0002.jsonl", []), ("0001.jsonl", [0]), ("0003.jsonl", [])]
+    assert idx["submissions"] == ["s1"]
+
+    def texts() -> dict[str, tuple[str, str]]:
+        out = [(r.record.id, (r.record.status.value, r.text)) for r in results(index, store, "j", batch=2)]
+        assert len(out) == len(dict(out)), "an image listed twice"
+        return dict(out)
+
+    archived = texts()
+    assert archived["id0"] == ("done", "v2 id0") and archived["id4"] == ("failed", "")
+    assert len(archived) == 8
+    # a reprocess of the archived job's failure: reopened, it reads the index with Redis over it
+    index.record([rec(4, ImageStatus.queued)], mode="reopen")
+    assert texts()["id4"] == ("queued", "") and len(texts()) == 8
+    store_part(index, store, [doc(rec(4, ImageStatus.done), "v2 id4")])
+    assert texts()["id4"] == ("done", "v2 id4")
+    assert export_job(index, store, "j")["lines"] == 8
+    path = keys.export_object("j", keys.EXPORT_JSONL)
+    exported = [json.loads(line) for line in store.get_many([path], raw=True)[path].splitlines()]
+    assert sorted(line["id"] for line in exported) == [f"id{i}" for i in range(8)]
+    assert {line["id"]: line["text"] for line in exported}["id4"] == "v2 id4"
+    redis_client.set(keys.job_finishing("j"), "1")
+    assert index.archive("j")
+    assert texts() == {**archived, "id4": ("done", "v2 id4")}
+
+
+def test_records_no_shard_names_are_found_by_a_scan(job, redis_client):
+    """A chunk published by something other than ocrq submit: its images have records, no shard."""
+    index, store = job
+    store_part(index, store, [doc(ImageRecord(id=f"x{i}", job="j", ref=f"/x{i}", status=ImageStatus.done),
+                                  f"text x{i}") for i in range(3)])
+    got = {r.record.id: r for r in results(index, store, "j", batch=2)}
+    assert sorted(got) == [f"id{i}" for i in range(8)] + ["x0", "x1", "x2"]
+    assert got["x1"].text == "text x1"
