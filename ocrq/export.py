@@ -12,7 +12,8 @@ Who writes it: the worker whose chunk completes the job (done + failed = total) 
 the ``ocrq.finish_job`` task; any worker runs it (acks late: a worker killed while exporting gives
 the message back). A submit that publishes new work, or a reprocess, clears the flag and removes
 the old ``_SUCCESS`` first, so a sensor never sees a marker older than the job's results; and a
-submit records all its images before publishing any, so a job is never finished half-submitted. Every
+submit holds ``ocrq:job:{job}:submitting`` while it writes (workers run its first windows
+meanwhile), so a job is never finished half-submitted. Every
 write is whole-object and idempotent; ``_SUCCESS`` is written only after the data files.
 """
 
@@ -43,8 +44,9 @@ def finished(counts: dict[str, int]) -> bool:
 
 
 def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], None], ttl: int) -> bool:
-    """Publish the export of ``job`` once, if it is finished. ``send(task_id)`` publishes it."""
-    if not finished(index.counts(job)):
+    """Publish the export of ``job`` once, if it is finished and no submission of it is being
+    written (``keys.job_submitting``). ``send(task_id)`` publishes it."""
+    if not finished(index.counts(job)) or redis.exists(keys.job_submitting(job)):
         return False
     if not set_nx(redis, keys.job_finishing(job), "1", ttl):  # (past maxmemory: finishes accepted work)
         return False  # someone else published it already
@@ -67,12 +69,15 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
     counts = index.counts(job)
     if not finished(counts):
         return {"job": job, "exported": False, "reason": "not finished", "counts": counts}
+    if index.redis.exists(keys.job_submitting(job)):
+        return {"job": job, "exported": False, "reason": "a submission is being written", "counts": counts}
     meta = index.meta(job)
     parquet = "parquet" in meta.get("exports", [])
     files = [keys.EXPORT_JSONL] + ([keys.EXPORT_PARQUET] if parquet else [])
     parts = Parts(store)
     taken = IndexWriter(job)
-    subs = submissions(index.redis, job)
+    # (a submission counts once every shard of it is written: one cut short is not listed)
+    subs = [s for s in submissions(index.redis, job) if s.written >= s.windows]
     with tempfile.TemporaryDirectory(prefix="ocrq-export-") as tmp:
         jsonl = Path(tmp) / keys.EXPORT_JSONL
         writer = _ParquetWriter(Path(tmp) / keys.EXPORT_PARQUET) if parquet else None

@@ -2,14 +2,15 @@
 most ``queue.window`` of a job's images in messages.
 
 A submission (one ``ocrq submit``) is identified by its content (task, params and accepted refs,
-in order): running the same command again finds it. The producer:
+in order): running the same command again finds it. The producer, window by window (``WINDOW``
+refs):
 
-1. records every image it adds as queued (one Lua call per 4,096 refs; ``JobIndex.record`` mode
-   ``submit``: a one-letter marker per image, "q{ordinal}", no ref), so the job's total is known
-   before anything runs;
-2. writes the refs it added as shards of at most ``WINDOW`` lines to the store
-   (``keys.refs_shard``), counting each one written in ``ocrq:job:{job}:feed``;
-3. feeds the first shards, and returns.
+1. records the images it adds as queued (one Lua call; ``JobIndex.record`` mode ``submit``: a
+   marker per image, "q{ordinal}", no ref);
+2. writes the refs it added as a shard to the store (``keys.refs_shard``), counting it written in
+   ``ocrq:job:{job}:feed``;
+3. feeds (workers start on the first window while the rest is written). Until the last window is
+   written the job cannot finish (``keys.job_submitting``).
 
 Feeding a shard publishes its images' chunks and moves its cursor in one Lua script (the chunk
 messages are built by Celery and captured, ``ocrq.transport.captured``): a shard is published

@@ -27,6 +27,10 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per submission; deleted when the job is archived, else job_ttl
     ocrq:feeding               SET   jobs with a shard written and not yet fed
         per job being fed; a job leaves once every shard is fed
+    ocrq:job:{job}:submitting  STR   set while a producer records and writes a submission's refs
+                                     (fed window by window as they are written): the job cannot
+                                     finish, so no export of half a submission
+        per job being submitted; deleted at the end, else 600 s (refreshed per window of refs)
     ocrq:job:{job}:finishing   STR   set (NX) by the worker that saw the job complete and
                                      published its export; cleared by new work (submit, reprocess)
         per job; job_ttl
@@ -125,6 +129,10 @@ def job_feed(job_name: str) -> str:
 
 #: jobs with a submission shard written and not yet fed: what every worker's feeder looks at
 FEEDING = PREFIX + "feeding"
+
+
+def job_submitting(job_name: str) -> str:
+    return f"{PREFIX}job:{job_name}:submitting"
 
 
 def job_finishing(job_name: str) -> str:

@@ -49,10 +49,12 @@ from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-#: progress(phase, done, total) of a submission: "recording", then "writing"
+#: progress(phase, done, total) of a submission: "submitting" (refs recorded, written and fed)
 Progress = Callable[[str, int, int], None]
 #: skipped files listed in the job's meta (all are counted)
 _SKIPPED_IN_META = 100
+#: how long a submission that stopped writing keeps its job from finishing (refreshed per window)
+_SUBMITTING_TTL_S = 600
 
 
 class Client:
@@ -196,32 +198,32 @@ class Client:
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": ["jsonl"] + (["parquet"] * parquet),
                                 "skipped": plan.skipped, "skipped_sample": skipped})
-        # 1. every image is recorded before anything is fed, so workers can never see the job
-        # "finished" (and export it) while its refs are still being recorded
-        added = 0
-        for n, window in enumerate(read_entries(plan.entries())):
-            ids = [i for i in (keys.image_id(job, ref, row) for ref, row in window) if i not in final]
-            added += sum(self.index.record_queued(job, ids, sub.ordinal))
-            if progress:
-                progress("recording", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
-        if added:  # new work: the job's export (if any) no longer describes it
-            invalidate(self.redis, self.store, job)
-        # 2. the refs this submission added, as shards in the store; workers feed each one from
-        # the moment it is written (a resumed submit writes only those not written yet)
+        # window by window: record the refs (a marker each), write the shard of those this
+        # submission added, and feed; workers start on the first window while the rest is written.
+        # The job cannot finish meanwhile (keys.job_submitting): never an export of half of it
+        guard = keys.job_submitting(job)
+        self.redis.set(guard, sub.sub, ex=_SUBMITTING_TTL_S)
         mine = b"q%d" % sub.ordinal
         first = sub.written
+        added = 0
         for n, window in enumerate(read_entries(plan.entries())):
-            if n < sub.written:
+            if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
                 continue
             lines = [(keys.image_id(job, ref, row), ref, row) for ref, row in window]
+            new_here = sum(self.index.record_queued(job, [i for i, _, _ in lines if i not in final], sub.ordinal))
+            if new_here and not added:  # new work: the job's export (if any) no longer describes it
+                invalidate(self.redis, self.store, job)
+            added += new_here
             values = self.index.raw(job, [i for i, _, _ in lines])
             self.store.put_many([(keys.refs_shard(job, sub.sub, n),
                                   shard_bytes(line for line, v in zip(lines, values, strict=True) if v == mine))])
             feed.written(job, sub, n + 1)
-            if n == 0:
-                feed.top_up(job)  # the fleet starts while the rest is written
+            feed.top_up(job)
+            self.redis.expire(guard, _SUBMITTING_TTL_S)
             if progress:
-                progress("writing", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
+                progress("submitting", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
+        # (a producer killed mid-way leaves the guard to expire: the same command again resumes)
+        self.redis.delete(guard)
         feed.top_up(job)
         self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
         # nothing left to run (no accepted file, or all already final): export now

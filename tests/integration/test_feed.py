@@ -126,3 +126,23 @@ def test_a_producer_killed_mid_way_resumes_with_no_image_sent_twice(redis_url, r
     assert delivered == n
     handle.wait_export(timeout=60)
     assert len({r.record.id for r in handle.results()}) == n
+
+
+def test_a_job_whose_submission_is_being_written_does_not_finish(redis_client, tmp_path):
+    """Workers run a submission's first windows while the rest is recorded: the job cannot
+    finish (nor be exported) while its producer holds keys.job_submitting."""
+    from ocrq.export import export_job, request_export
+    from ocrq.jobs import JobIndex
+    from ocrq.results import ImageRecord, ImageStatus
+    from ocrq.sqlite_store import SqliteStore
+
+    index = JobIndex(redis_client, ttl=60)
+    index.create("j", {"task": "text"})
+    index.record([ImageRecord(id="a", job="j", ref="/a", status=ImageStatus.queued)], mode="submit")
+    index.record([ImageRecord(id="a", job="j", ref="/a", status=ImageStatus.failed)], part=1)
+    sent: list[str] = []
+    redis_client.set(keys.job_submitting("j"), "s1", ex=60)
+    assert not request_export(redis_client, index, "j", sent.append, 60) and sent == []
+    assert export_job(index, SqliteStore(tmp_path / "store"), "j")["exported"] is False
+    redis_client.delete(keys.job_submitting("j"))
+    assert request_export(redis_client, index, "j", sent.append, 60) and len(sent) == 1
