@@ -26,15 +26,19 @@ a marker without a number names that object, and so does an index entry.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from array import array
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from ocrq import gcpause, keys
+from ocrq.errors import MissingObject
 from ocrq.feed import Line, Submission, shard_lines, submissions
 from ocrq.jobs import MARKS, JobIndex
 from ocrq.redact import redact_url
@@ -123,37 +127,99 @@ def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BA
 def located(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH,
             parts: Parts | None = None) -> Iterator[Located]:
     parts = parts if parts is not None else Parts(store)
-    prior = read_index(store, job)
     if index.archived(job):
-        yield from (_through_index(None, parts, job, None, prior, set(), batch) if prior is not None
-                    else _per_image_objects(store, job, batch))
+        yield from _archived(parts, job, _Seen(), batch)
         return
+    # a finished job may be archived while it is read (its markers and shards go): what was
+    # read is remembered (8 bytes an image), and the rest comes through the index then
+    counts = index.counts(job)
+    seen = _Seen() if counts["done"] + counts["failed"] >= counts["total"] else None
+    try:
+        for found in _walk(index, parts, job, batch, seen is not None):
+            if seen is not None:
+                seen.add(found.result.record.id)
+            yield found
+    except _ArchivedMeanwhile:
+        assert seen is not None
+        yield from _archived(parts, job, seen, batch)
+
+
+class _ArchivedMeanwhile(Exception):
+    pass
+
+
+class _Seen:
+    """Image ids as 64-bit digests (8 bytes each: a million ids collide with odds of ~1 in
+    10^7), sorted once when first asked."""
+
+    def __init__(self) -> None:
+        self._ids = array("Q")
+        self._sorted: array[int] | None = None
+
+    @staticmethod
+    def _digest(image_id: str) -> int:
+        return int.from_bytes(hashlib.blake2b(image_id.encode(), digest_size=8).digest(), "big")
+
+    def add(self, image_id: str) -> None:
+        self._ids.append(self._digest(image_id))
+
+    def __contains__(self, image_id: str) -> bool:
+        if self._sorted is None:
+            self._sorted = array("Q", sorted(self._ids))
+        key = self._digest(image_id)
+        at = bisect_left(self._sorted, key)
+        return at < len(self._sorted) and self._sorted[at] == key
+
+
+def _archived(parts: Parts, job: str, seen: _Seen, batch: int) -> Iterator[Located]:
+    prior = read_index(parts.store, job)
+    yield from (_through_index(None, parts, job, None, prior, seen.__contains__, batch) if prior is not None
+                else _per_image_objects(parts.store, job, batch))
+
+
+def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool) -> Iterator[Located]:
+    """A job with records in Redis: its shards, then its last index (if it was archived before),
+    then the records no shard names. ``finished``: a missing marker or shard may mean the job
+    was archived meanwhile (``_ArchivedMeanwhile``)."""
+    prior = read_index(parts.store, job)
     epoch = _epoch(index, job)
     in_redis = int(index.redis.hlen(keys.job_images(job)))
     subs = submissions(index.redis, job)
+    if finished and not subs and index.archived(job):
+        raise _ArchivedMeanwhile
     # with an index, what the walk took from Redis (in flight: bounded) is skipped there
     taken: set[str] | None = set() if prior is not None else None
     seen = 0
-    for part in _shard_batches(store, job, subs, batch):
+    for lines in _shard_batches(parts.store, job, subs, batch, (lambda: index.archived(job)) if finished else None):
         if taken is not None:
-            taken.update(i for i, _, _ in part)
-        seen += len(part)
-        yield from _by_marker(index, parts, job, epoch, part)
+            taken.update(i for i, _, _ in lines)
+        seen += len(lines)
+        values = index.raw(job, [i for i, _, _ in lines])
+        if finished and None in values and index.archived(job):
+            raise _ArchivedMeanwhile
+        yield from _by_marker(parts, job, epoch, lines, values)
     if prior is not None and taken is not None:
-        for found in _through_index(index, parts, job, epoch, prior, taken, batch):
+        for found in _through_index(index, parts, job, epoch, prior, taken.__contains__, batch):
             if found.from_redis:
                 seen += 1
+                taken.add(found.result.record.id)  # (a later scan for records no shard names skips it)
             yield found
     if seen < in_redis:  # records no shard names (a chunk published by something else)
         if taken is None:
-            taken = {i for part in _shard_batches(store, job, subs, batch) for i, _, _ in part}
+            taken = {i for part in _shard_batches(parts.store, job, subs, batch) for i, _, _ in part}
         yield from _unsharded(index, parts, job, epoch, taken, batch)
 
 
-def _shard_batches(store: ResultStore, job: str, subs: list[Submission], batch: int) -> Iterator[list[Line]]:
+def _shard_batches(store: ResultStore, job: str, subs: list[Submission], batch: int,
+                   archived: Callable[[], bool] | None = None) -> Iterator[list[Line]]:
     for sub in subs:
         for window in range(sub.written):
-            lines = shard_lines(store, job, sub, window)
+            try:
+                lines = shard_lines(store, job, sub, window)
+            except MissingObject:
+                if archived is not None and archived():  # (its shards go with the archive)
+                    raise _ArchivedMeanwhile from None
+                raise
             for start in range(0, len(lines), batch):
                 yield lines[start:start + batch]
 
@@ -163,8 +229,8 @@ def _epoch(index: JobIndex, job: str) -> str | None:
     return None if raw is None else str(json.loads(raw))
 
 
-def _by_marker(index: JobIndex, parts: Parts, job: str, epoch: str | None, lines: list[Line]) -> list[Located]:
-    values = index.raw(job, [i for i, _, _ in lines])
+def _by_marker(parts: Parts, job: str, epoch: str | None, lines: list[Line],
+               values: list[bytes | None]) -> list[Located]:
     paths = [part_of(job, epoch, i, v) for (i, _, _), v in zip(lines, values, strict=True)]
     parts.load(p for p in paths if p is not None)
     out: list[Located] = []
@@ -188,15 +254,15 @@ def _resolve(parts: Parts, job: str, image_id: str, ref: str, row: dict[str, Any
 
 
 def _through_index(index: JobIndex | None, parts: Parts, job: str, epoch: str | None, prior: dict[str, Any],
-                   taken: set[str], batch: int) -> Iterator[Located]:
-    """The documents the job's last export listed; with ``index``, an image with a record in Redis
-    again (reprocessed since) is taken from there, and those in ``taken`` are skipped."""
+                   skip: Callable[[str], bool], batch: int) -> Iterator[Located]:
+    """The documents the job's last export listed, but those ``skip`` names; with ``index``, an
+    image with a record in Redis again (reprocessed since) is taken from there."""
     entries = iter(prior.get("parts", []))
     while group := list(islice(entries, max(1, batch // 64))):
         paths = [keys.results_prefix(job) + name for name, _ in group]
         parts.load(paths)
-        current = [(path, n, doc) for path, skip in zip(paths, (set(s) for _, s in group), strict=True)
-                   for n, doc in parts.lines(path) if n not in skip and doc.record.id not in taken]
+        current = [(path, n, doc) for path, skips in zip(paths, (set(s) for _, s in group), strict=True)
+                   for n, doc in parts.lines(path) if n not in skips and not skip(doc.record.id)]
         if index is None:
             yield from (Located(doc, (path, n), from_redis=False) for path, n, doc in current)
             continue
@@ -207,7 +273,6 @@ def _through_index(index: JobIndex | None, parts: Parts, job: str, epoch: str | 
             if value is None:
                 yield Located(doc, (path, n), from_redis=False)
             else:
-                taken.add(doc.record.id)  # (a later scan for records no shard names skips it)
                 rec = doc.record
                 yield _resolve(parts, job, rec.id, rec.ref, rec.row, value, now)
 

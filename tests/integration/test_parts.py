@@ -115,3 +115,21 @@ def test_records_no_shard_names_are_found_by_a_scan(job, redis_client):
     got = {r.record.id: r for r in results(index, store, "j", batch=2)}
     assert sorted(got) == [f"id{i}" for i in range(8)] + ["x0", "x1", "x2"]
     assert got["x1"].text == "text x1"
+
+
+@pytest.mark.parametrize("read_before", [1, 3, 7])
+def test_a_job_archived_while_it_is_read_is_read_whole(job, redis_client, read_before):
+    """`submit --wait` then results: the job's export and archive may run while it is read (its
+    markers and shards go): the reader goes on through the results index, each image once."""
+    index, store = job
+    store_part(index, store, [doc(rec(i, ImageStatus.done), f"text id{i}") for i in range(7)]
+               + [doc(ImageRecord(id="id7", job="j", ref="/r7", status=ImageStatus.done), "text id7")])
+    reader = results(index, store, "j", batch=2)
+    got = [next(reader) for _ in range(read_before)]
+    assert export_job(index, store, "j")["exported"]
+    redis_client.set(keys.job_finishing("j"), "1")
+    assert index.archive("j")
+    store.delete_many(store.list(keys.refs_prefix("j")))
+    got += list(reader)
+    assert sorted(r.record.id for r in got) == [f"id{i}" for i in range(8)]
+    assert all(r.text == f"text {r.record.id}" for r in got)
