@@ -51,6 +51,16 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "bench"
 
 
+def host_cpu() -> dict[str, int]:
+    """/proc/stat's first line, in ticks: busy (user, nice, system, irq, softirq), iowait, idle."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    except (OSError, ValueError):
+        return {"busy": 0, "iowait": 0, "idle": 0}
+    user, nice, system, idle, iowait, irq, softirq = fields
+    return {"busy": user + nice + system + irq + softirq, "iowait": iowait, "idle": idle}
+
+
 class Sampler(threading.Thread):
     """``used_memory`` of each server every ``every`` seconds: (t, {name: bytes})."""
 
@@ -66,9 +76,18 @@ class Sampler(threading.Thread):
         return {name: int(r.info("memory")["used_memory"]) for name, r in self.servers.items()}
 
     def run(self) -> None:
+        self.cpu_start = host_cpu()
         while not self._halt.is_set():
             self.samples.append((time.monotonic() - self.t0, self.read()))
             self._halt.wait(self.every)
+        self.cpu_end = host_cpu()
+
+    def cpu(self) -> dict[str, float]:
+        """The host's CPU time over the sampling, as shares: busy (user + system), iowait, idle
+        (what bounds a run on this machine: its 2 cores, or its disk)."""
+        spent = {k: self.cpu_end[k] - self.cpu_start[k] for k in self.cpu_start}
+        total = sum(spent.values()) or 1
+        return {k: round(v / total, 3) for k, v in spent.items()}
 
     def stop(self) -> None:
         self._halt.set()
@@ -160,6 +179,7 @@ def run(n: int, root: Path, images: Path, cache_max_bytes: int) -> dict[str, Any
             "peak_bytes_per_image": round((sampler.peak("broker") - baseline) / n, 1),
             "after_bytes_per_image": round((after - baseline) / n, 2),
             "cache_peak_bytes": sampler.peak("cache"), "cache_max_bytes": cache_max_bytes,
+            "host_cpu_during_job": sampler.cpu(),
             "after_keys": families, "after_memory_stats": stats, "baseline_memory_stats": baseline_stats,
             "samples": [[round(ts, 1), s["broker"], s["cache"]] for ts, s in sampler.samples],
         }
@@ -279,11 +299,19 @@ def table(r: dict[str, Any]) -> str:
         ("`ocrq status` (counts + cost) on the finished job", f"{r['status_ms']:,} ms"),
         ("`Job.results()` read-back (from the store)", f"{r['results_per_s']:,} img/s"),
     ]
+    cpu = r.get("host_cpu_during_job")
+    if cpu:
+        rows.append(("host CPU, submit → export (all processes)",
+                     f"busy {cpu['busy']:.0%}, iowait {cpu['iowait']:.0%}, idle {cpu['idle']:.0%}"))
     ref = r.get("reference")
     if ref:
         rows.append((f"throughput, submit → last result read back, against `make bench-overhead`'s first pass "
                      f"({ref['images']:,} images) in the same run",
                      f"{ref['this_job_img_s']:,} vs {ref['overhead_first_img_s']:,} img/s = **{ref['ratio']}×**"))
+        if ref.get("host_cpu"):
+            c = ref["host_cpu"]
+            rows.append(("host CPU during the reference's two passes",
+                         f"busy {c['busy']:.0%}, iowait {c['iowait']:.0%}, idle {c['idle']:.0%}"))
     s3 = r.get("s3")
     if s3:
         for name in ("first", "cached"):
@@ -325,8 +353,9 @@ bytes: `ocrq/jobs.py`), the messages of at most `queue.window` (65,536) of its i
 (`ocrq/feed.py`: the rest of the refs wait in the store), and the records of the images the
 workers are on. Once its export is written the job is archived: the markers go, its meta and
 counts stay (`ocrq/keys.py` gives every key's bound). The store requests are per image on S3
-(moto's server counts what it serves): a first pass writes a cache entry and a result document
-per image and reads each document again for the export.
+(moto's server counts what it serves): a first pass writes a cache entry per image and one
+result part per chunk of 64 (`ocrq/parts.py`), reads the store once per image for the cache
+(a miss), and the export and the read-back read the parts (one GET per chunk).
 """
 
 
@@ -376,14 +405,19 @@ def main(argv: list[str] | None = None) -> int:
             # `make bench-overhead`'s first pass, on this host in this run: the throughput reference
             ref_root = root / "reference"
             ref_paths = render(ref_root / "in", args.reference)
+            cpu0 = host_cpu()
             first, _ = ocrq_passes(ref_paths, ref_root, None)
+            cpu1 = host_cpu()
+            ref_total = sum(cpu1[k] - cpu0[k] for k in cpu0) or 1
+            ref_cpu = {k: round((cpu1[k] - cpu0[k]) / ref_total, 3) for k in cpu0}
             shutil.rmtree(ref_root, ignore_errors=True)
         result = run(args.images, root, root / "images", args.cache_max_bytes)
         if args.reference:
             # the same measure as the reference: from the submit to the last result read back
             big = result["images"] / (result["final_s"] + result["images"] / result["results_per_s"])
             result["reference"] = {"images": args.reference, "overhead_first_img_s": round(first, 1),
-                                   "this_job_img_s": round(big, 1), "ratio": round(big / first, 3)}
+                                   "this_job_img_s": round(big, 1), "ratio": round(big / first, 3),
+                                   "host_cpu": ref_cpu}
         if args.s3_images:
             result["s3"] = s3_requests(min(args.s3_images, args.images), root, root / "images")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
