@@ -131,6 +131,10 @@ class EngineSettings(BaseModel):
     #: a micro-batch in chunks of rows within it (bounds the vision tower's activation peak)
     max_num_batched_tokens: int = 16384
     gpu_memory_utilization: float = 0.85
+    #: vllm: where vLLM keeps its torch.compile artifacts (``VLLM_CACHE_ROOT``; the environment's
+    #: own value wins). On a persistent path a restart loads them instead of compiling again.
+    #: None: ``{var_dir}/vllm-cache``
+    compile_cache_dir: Path | None = None
     #: vllm: most device bytes the engine may claim (e.g. a 24 GiB card's budget on a larger GPU):
     #: the utilization becomes min(gpu_memory_utilization, cap / total). The worker fills it from
     #: ``batch.memory_cap_bytes`` when unset, so one cap bounds engine and governor alike

@@ -61,6 +61,10 @@ def register() -> None:
     """Entry point: apply every fix this process's vLLM needs (safe to call repeatedly)."""
     import vllm
 
+    from worker.engines import vllm_startup
+
+    vllm_startup.install_from_env()  # the engine build's phases, from this process's log lines
+
     version = str(vllm.__version__)
     disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
     for name, fix in (("image_boundary", _image_boundary), ("xdrope_cpu", _xdrope_cpu),
