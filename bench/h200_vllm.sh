@@ -6,6 +6,7 @@
 # .whl/pylib). Every step writes under $OUT and prints a one-line summary per result.
 #
 #   bash bench/h200_vllm.sh tests      # install, then the in-process `vllm` tier (tiny, fp32) on the GPU
+#   bash bench/h200_vllm.sh start      # start time: plain vLLM and `ocrq worker`, cold then warm compile cache (bench.gpu_start)
 #   bash bench/h200_vllm.sh bench-a    # plain vLLM (seeds' max_num_seqs=8, defaults), ocrq-vllm
 #   bash bench/h200_vllm.sh bench-b    # ocrq-vllm-server, ocrq-transformers
 #   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
@@ -176,6 +177,9 @@ old_tree() {  # /tmp/old-tree: this code with .ab/new.patch reversed (the patch 
 
 setup
 case $step in
+  start)  # four starts of ~50-120 s each (docs/bench/gpu-vllm.md, "Start time")
+    timeout 560 python3 -m bench.gpu_start --out "$OUT/start" --work $WORK/start --model $WORK/hunyuan-full \
+      2>&1 | grep -vE "WARNING|INFO|^\(" | tail -12 ;;
   tests)
     timeout 400 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=8 \
       --junitxml="$OUT/vllm-tier.xml" 2>&1 | tee "$OUT/vllm-tier.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
