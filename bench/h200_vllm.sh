@@ -179,6 +179,7 @@ setup
 case $step in
   start)  # four starts of ~50-120 s each (docs/bench/gpu-vllm.md, "Start time")
     timeout 560 python3 -m bench.gpu_start --out "$OUT/start" --work $WORK/start --model $WORK/hunyuan-full \
+      --order "${ORDER:-plain-cold,ocrq-cold,plain-warm,ocrq-warm}" \
       2>&1 | grep -vE "WARNING|INFO|^\(" | tail -12 ;;
   tests)
     timeout 400 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=8 \
