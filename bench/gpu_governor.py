@@ -7,8 +7,8 @@ Subcommands (each fits one 10-minute device command; results are JSON files):
 - ``runs``: the mixed workload (≥ 200 images: ~60% 1024×768, 30% 2048×1536, 10% 600×400, one
   shuffled order for every run), exactly 256 new tokens per image (EOS ignored, no repetition
   stop): static batches 1, 4, 8, 16, 32, 64, then the governor (``worker.governor`` +
-  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus a batch-size table at 1024×768 (batch vs peak vs img/s, the shape public
-  HunyuanOCR deployment guides publish).
+  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus a batch-size table at 1024×768
+  (batch vs peak vs img/s, the shape public HunyuanOCR deployment guides publish).
 - ``report``: docs/bench/gpu-governor.{json,md,png} from those files.
 
 Memory is capped with ``torch.cuda.set_per_process_memory_fraction(cap / total)``: allocations
