@@ -106,8 +106,8 @@ class LimitSettings(BaseModel):
     decode_processes: int = 0
     #: seconds one image may decode before its child is killed (DecoderCrashed)
     decode_timeout_s: float = 60.0
-    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG abort / hang the
-    #: decoder (the chaos suite's crashing files); never enable in production
+    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
+    #: slow down the decoder (the chaos suite's crashing files); never enable in production
     decode_fault_markers: bool = False
 
 
