@@ -59,11 +59,12 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
                                  max_message_bytes=q.max_message_bytes))
         ctx.feeder.start()
+        startup.mark("services")
         # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
         # process: out of the collector's reach, a full collection no longer walks it with the GIL
         # held (the H200 worker: 10 full collections, 9.6 s, by the end of its first job)
         log.info("gc: %d objects frozen after the engine start", gcwatch.freeze())
-        startup.mark("services")
+        startup.mark("gc")
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:

@@ -8,6 +8,7 @@ Phases, in order (each the wall time since the previous mark):
                  (``engine.<name>``: vLLM's weights, compile, CUDA graphs … from its own log lines)
     governor     the memory probe and the governor (restored from its saved snapshot)
     services     the engine loop, metrics, store, cache and the submission feeder
+    gc           one full collection, then everything alive frozen out of the collector's reach
     consumer     Celery's consumer: broker connection, queues, the prefetch and reaper steps
 
 ``ready_s`` is the sum: what KEDA or a replaced spot GPU pays before the worker takes work. The

@@ -56,7 +56,7 @@ def test_queue_depth_jobs_and_worker_state(redis_url, redis_client, start_worker
         assert any(k.startswith("ocrq_worker{") and 'worker="m@' in k and 'field="prefetch"' in k for k in after)
         # and where its start went, phase by phase (worker.startup), in its state in Redis
         start = worker_start_state(redis_client, "m")
-        assert list(start["phases"]) == ["interpreter", "celery", "engine", "governor", "services", "consumer"]
+        assert list(start["phases"]) == ["interpreter", "celery", "engine", "governor", "services", "gc", "consumer"]
         assert 0 < start["ready_s"] < 120
         assert abs(sum(start["phases"].values()) - start["ready_s"]) < 0.01
     finally:
