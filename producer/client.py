@@ -206,15 +206,16 @@ class Client:
         mine = b"q%d" % sub.ordinal
         first = sub.written
         added = 0
-        for n, window in enumerate(read_entries(plan.entries())):
+        for n, window in enumerate(read_entries(plan.items())):
             if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
                 continue
-            lines = [(keys.image_id(job, ref, row), ref, row) for ref, row in window]
-            new_here = sum(self.index.record_queued(job, [i for i, _, _ in lines if i not in final], sub.ordinal))
+            lines = [(keys.image_id(job, ref, row), ref, row, spec) for ref, row, spec in window]
+            new_here = sum(self.index.record_queued(job, [line[0] for line in lines if line[0] not in final],
+                                                    sub.ordinal))
             if new_here and not added:  # new work: the job's export (if any) no longer describes it
                 invalidate(self.redis, self.store, job)
             added += new_here
-            values = self.index.raw(job, [i for i, _, _ in lines])
+            values = self.index.raw(job, [line[0] for line in lines])
             self.store.put_many([(keys.refs_shard(job, sub.sub, n),
                                   shard_bytes(line for line, v in zip(lines, values, strict=True) if v == mine))])
             feed.written(job, sub, n + 1)
@@ -234,10 +235,10 @@ class Client:
         """``TooLarge`` before anything is recorded, for a ref whose message alone would exceed
         ``queue.max_message_bytes`` (a manifest row too large to carry)."""
         cap = self.settings.queue.max_message_bytes
-        for ref, row in plan.entries():
-            if not row:
+        for ref, row, spec in plan.items():
+            if not row and not spec:
                 continue  # refs alone are capped at refs.MAX_REF_CHARS: a chunk of them fits
-            item = Item(id=keys.image_id(job, ref, row), ref=ref, row=row)
+            item = Item(id=keys.image_id(job, ref, row), ref=ref, row=row, **(spec or {}))
             checked_message(Chunk(job=job, items=[item]), cap)
 
     @property
@@ -276,8 +277,10 @@ class Client:
         from ocrq.failed import registered
 
         by_job: dict[str, list[ImageRecord]] = {}
+        specs: dict[str, tuple[str | None, dict[str, Any] | None]] = {}  # image id -> its task, params
         for f in registered(self.index, self.store, job, error):
             by_job.setdefault(f.record.job, []).append(f.record)
+            specs[f.record.id] = (f.task, f.params)
         if dry_run:
             return sum(len(recs) for recs in by_job.values())
         n = 0
@@ -293,7 +296,9 @@ class Client:
                 self.index.record(queued, mode="reopen" if self.index.archived(j) else "force")
                 # their failed mirrors go before any is published: a failure again writes a new one
                 self.store.delete_many(keys.failed_object(j, r.id) for r in records)
-                items = [Item(id=r.id, ref=r.ref, row=r.row) for r in records]
+                # each image again with the task and params it ran with (its own, an OpenAI Batch
+                # line's, or the job's)
+                items = [Item(id=r.id, ref=r.ref, row=r.row, **_own_spec(meta, *specs[r.id])) for r in records]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
@@ -316,6 +321,16 @@ class Client:
 
     def close(self) -> None:
         self.redis.close()
+
+
+def _own_spec(meta: dict[str, Any], task: str | None, params: dict[str, Any] | None) -> dict[str, Any]:
+    """An image's task and params as Item fields, where they differ from the job's."""
+    out: dict[str, Any] = {}
+    if task is not None and task != meta.get("task", "text"):
+        out["task"] = task
+    if params is not None and params != meta.get("params", {}):
+        out["params"] = params
+    return out
 
 
 class SubmissionRefused(RefusedRef):

@@ -74,7 +74,7 @@ def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     sha = sha256_hex(data)
 
     def key(content: str) -> str:
-        return keys.cache_key(content, ctx.engine.revision, chunk.task, chunk.params)
+        return keys.cache_key(content, ctx.engine.revision, *chunk.spec(item))
 
     if is_pdf(data):  # PDF pages: cached page by page, by their pixels
         pages = decode_bytes(ctx, data)
