@@ -125,11 +125,12 @@ class Client:
     def submit(self, refs: Iterable[str] | IntakePlan, *, job: str, task: str = "text",
                params: dict[str, Any] | None = None, priority: int | None = None,
                queue: str | None = None, parquet: bool = False, republish: bool = False,
-               progress: Progress | None = None) -> Job:
+               progress: Progress | None = None, openai_batch: bool = False) -> Job:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
         the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
-        job's export at completion also has a Parquet file (ocrq.export). The same submission
+        job's export at completion also has a Parquet file (ocrq.export); ``openai_batch``: and OpenAI
+        Batch output and error files (ocrq.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
         worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it."""
         if not JOB_NAME.match(job):
@@ -144,16 +145,17 @@ class Client:
         try:
             if plan.refused:
                 raise SubmissionRefused(plan)
+            exports = ["jsonl"] + ["parquet"] * parquet + ["openai-batch"] * openai_batch
             return self._publish(plan, job, task, params, priority, queue or self.settings.queue.name,
-                                 parquet, republish, progress)
+                                 exports, republish, progress)
         finally:
             plan.close()
 
     def _publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any], priority: int | None,
-                 queue: str, parquet: bool, republish: bool = False, progress: Progress | None = None) -> Job:
+                 queue: str, exports: list[str], republish: bool = False, progress: Progress | None = None) -> Job:
         self.check_room()
         try:
-            return self._record_and_publish(plan, job, task, params, priority, queue, parquet, republish,
+            return self._record_and_publish(plan, job, task, params, priority, queue, exports, republish,
                                             progress)
         except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
             raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
@@ -172,7 +174,7 @@ class Client:
             raise BrokerFull(self.settings.redis.url, used, limit)
 
     def _record_and_publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any],
-                            priority: int | None, queue: str, parquet: bool, republish: bool,
+                            priority: int | None, queue: str, exports: list[str], republish: bool,
                             progress: Progress | None) -> Job:
         feed = self.feed
         # an archived job (finished and exported) keeps no records in Redis: its final images are
@@ -196,7 +198,7 @@ class Client:
         skipped = [redact_text(f"{e.value}: {e.reason}") for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
-                                "exports": ["jsonl"] + (["parquet"] * parquet),
+                                "exports": exports,
                                 "skipped": plan.skipped, "skipped_sample": skipped})
         # window by window: record the refs (a marker each), write the shard of those this
         # submission added, and feed; workers start on the first window while the rest is written.
