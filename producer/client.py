@@ -396,6 +396,10 @@ class Job:
         """Counts per status plus ``total`` and ``cached`` (exact, from the job index)."""
         return self.client.index.counts(self.name)
 
+    def submitting(self) -> bool:
+        """Whether a producer is writing a submission of this job (it cannot finish meanwhile)."""
+        return bool(self.client.redis.exists(keys.job_submitting(self.name)))
+
     def finished(self) -> bool:
         c = self.status()
         return c["done"] + c["failed"] >= c["total"]
