@@ -83,6 +83,17 @@ def _submit(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
+def _wait_object(s3: Any, bucket: str, key: str, timeout: float = 60) -> bytes:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except s3.exceptions.NoSuchKey:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _ids(path: Path) -> list[str]:
     return [json.loads(line)["custom_id"] for line in path.read_text().splitlines() if line.strip()]
 
@@ -142,9 +153,11 @@ def test_a_batch_file_survives_a_killed_producer_and_worker(redis_url, redis_cli
     reasons = {e["custom_id"]: e["error"]["code"] for e in map(json.loads, (out / "errors.jsonl").open())}
     assert reasons == {"": "InvalidLine", "req-00001": "DuplicateCustomId", "no-image": "InvalidLine",
                        "too-large": "TooLarge", "outside": "RefusedRef"}
-    # and the job's own export in the store has the same two files, the marker last
-    marker = s3.get_object(Bucket=bucket, Key="ocr/" + keys.openai_export_object("batch", "_SUCCESS"))
-    assert json.loads(marker["Body"].read())["lines"] == len(good)
+    # and the job's own export (a worker writes it when the job finishes) has the same lines
+    assert json.loads(_wait_object(s3, bucket, "ocr/" + keys.openai_export_object("batch", "_SUCCESS")))[
+        "lines"] == len(good)
+    exported = s3.get_object(Bucket=bucket, Key="ocr/" + keys.openai_export_object("batch", "output.jsonl"))
+    assert sorted(exported["Body"].read().splitlines()) == sorted((out / "output.jsonl").read_bytes().splitlines())
 
     # When the same file is submitted once more: nothing runs again, and the files are the same
     before = (out / "output.jsonl").read_bytes()
