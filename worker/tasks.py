@@ -144,7 +144,7 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     todo = [(i, n, unit) for i, n, unit in units if unit.cache_key not in hits and i not in errors]
     to_run = [(i, n, k, unit.cache_key, pg) for i, n, unit in todo for k, pg in enumerate(unit.pages)]
     submitted = ctx.submit_once_many([
-        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, chunk.task, chunk.params,
+        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, *chunk.spec(prepared[i].item),
                                    priority=chunk.priority))
         for i, _, k, key, pg in to_run])
     intake.close()
@@ -266,7 +266,7 @@ def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | No
             worker: str | None = None, **engine: Any) -> ImageRecord:
     return ImageRecord(
         id=item.id, job=chunk.job, ref=redact_url(item.ref), status=status, attempts=item.attempt,
-        cached=cached, pages=pages, worker=worker, row=item.row,
+        cached=cached, pages=pages, worker=worker, row=item.row, updated=time.time(),
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None, **engine,
     )

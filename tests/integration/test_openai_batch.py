@@ -165,3 +165,39 @@ def test_a_batch_file_survives_a_killed_producer_and_worker(redis_url, redis_cli
     _, stderr = third.communicate(timeout=300)
     assert third.returncode == 3 and "0 images submitted" in stderr, stderr
     assert sorted((out / "output.jsonl").read_bytes().splitlines()) == sorted(before.splitlines())
+
+
+def test_reprocess_runs_a_failed_line_again_with_its_own_task_and_params(redis_url, start_worker, tmp_path,
+                                                                        s3_endpoint, s3_bucket):
+    s3, bucket = s3_bucket
+    png = _png(7)
+    uri = "data:image/png;base64," + base64.b64encode(png).decode()
+    spotting = prompt("spotting", version="1.0")
+    body = "\n".join([
+        _line("late-spot", f"s3://{bucket}/late.png", spotting, max_tokens=77),  # not there yet
+        _line("twin-spot", uri, spotting, max_tokens=77),
+        _line("twin-text", uri),
+    ]) + "\n"
+    (tmp_path / "batch.jsonl").write_text(body)
+    store = {"OCRQ_STORE__KIND": "s3", "OCRQ_STORE__BUCKET": bucket, "OCRQ_STORE__PREFIX": "ocr/",
+             "OCRQ_STORE__ENDPOINT_URL": s3_endpoint}
+    start_worker(worker_env(redis_url, tmp_path / "unused", [tmp_path], OCRQ_ENGINE__KIND="simulated", **store))
+    env = worker_env(redis_url, tmp_path / "unused", [tmp_path], **store)
+    # Given a batch whose first line failed (its image was missing)
+    first = _submit(["--openai-batch", str(tmp_path / "batch.jsonl"), "--job", "late", "--wait"], env)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 3, stderr
+    # When the image is there and the failed line is reprocessed
+    s3.put_object(Bucket=bucket, Key="late.png", Body=png)
+    again = subprocess.run([sys.executable, "-m", "ocrq_cli", "reprocess", "--job", "late", "--wait"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "re-published 1 failed images" in again.stderr, again.stderr
+    export = subprocess.run([sys.executable, "-m", "ocrq_cli", "export", "late", "--format", "openai-batch",
+                             "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
+    assert export.returncode == 0, export.stderr
+    # Then it ran with its own task and params (the same answer as its twin), not the job's
+    texts = {e["custom_id"]: e["response"]["body"]["choices"][0]["message"]["content"]
+             for e in map(json.loads, (tmp_path / "out" / "output.jsonl").open())}
+    assert texts["late-spot"] == texts["twin-spot"] != texts["twin-text"]
+    assert (tmp_path / "out" / "errors.jsonl").read_text() == ""
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["complete"] is True
