@@ -67,7 +67,8 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
-                                            line [image id, ref, manifest row] per image it added;
+                                            line [image id, ref, manifest row] per image it added
+                                            (+ its own {task, params}: an OpenAI Batch line's);
                                             deleted when the job is archived
     {prefix}results/{job}/parts/{epoch}-{n}.jsonl  ImageResult lines: the final images of one
                                             stored chunk (``ocrq.parts``); one PUT per chunk
@@ -88,9 +89,11 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
-    {prefix}results/{job}/export/openai-batch/{output.jsonl, errors.jsonl, _SUCCESS}  the job as
-                                            OpenAI Batch output and error files (``ocrq.openai_responses``),
-                                            the marker last, only when every line is final
+    {prefix}results/{job}/export/openai-batch/output.jsonl  the job's lines done, as OpenAI Batch
+                                            output (``ocrq.openai_responses``)
+    {prefix}results/{job}/export/openai-batch/errors.jsonl  its lines failed or rejected, as the
+                                            OpenAI Batch error file
+    {prefix}results/{job}/export/openai-batch/_SUCCESS  written last, once every line is final
 
 OpenAI Batch files keep no per-line state in Redis: a line's ``custom_id`` is its image's manifest
 row (``{"custom_id": ...}``, so it is part of the image id and comes back in its result), held
