@@ -138,10 +138,10 @@ def export_to_store(index: JobIndex, store: ResultStore, job: str) -> dict[str, 
         out, err = Path(tmp) / keys.OPENAI_OUTPUT, Path(tmp) / keys.OPENAI_ERRORS
         with out.open("wb") as fo, err.open("wb") as fe:
             files = BatchFiles(fo, fe)
+            for envelope in rejected(store, job):  # (known at submit: first, as write_files has them)
+                files.add(True, envelope)
             for _, is_error, envelope in final_lines(job_results(index, store, job)):
                 files.add(is_error, envelope)
-            for envelope in rejected(store, job):
-                files.add(True, envelope)
         store.put_file(keys.openai_export_object(job, keys.OPENAI_OUTPUT), out, "application/x-ndjson")
         store.put_file(keys.openai_export_object(job, keys.OPENAI_ERRORS), err, "application/x-ndjson")
     marker = {"job": job, "complete": complete, "lines": files.lines, "error_lines": files.error_lines,

@@ -386,14 +386,14 @@ def status(job: str) -> None:
 @app.command()
 def export(job: str, wait: bool = typer.Option(False, "--wait", help="wait for the _SUCCESS marker"),
            timeout: float | None = typer.Option(None),
-           format: str = typer.Option("jsonl", "--format", help="jsonl (+ Parquet if asked) | openai-batch"),
+           fmt: str = typer.Option("jsonl", "--format", help="jsonl (+ Parquet if asked) | openai-batch"),
            out: Path | None = typer.Option(None, "--out", "-o", help="openai-batch: a local directory")) -> None:
     """(Re)write JOB's export (results JSONL, Parquet if asked, then _SUCCESS) through a worker;
     --format openai-batch: its OpenAI Batch output and error files, here (partial while it runs)."""
-    if format != "jsonl" or out is not None:  # (ocrq_cli.openai_batch)
+    if fmt != "jsonl" or out is not None:  # (ocrq_cli.openai_batch)
         from ocrq_cli import openai_batch as batch
 
-        return batch.export(job, format, out, wait, timeout)
+        return batch.export(job, fmt, out, wait, timeout)
     client = _client(_settings())
     handle = _job(client, job)
     if not client.request_export(job, force=True):

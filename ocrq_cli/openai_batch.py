@@ -71,14 +71,14 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
         raise typer.Exit(code=3)
 
 
-def export(job: str, format: str, out: Path | None, wait: bool, timeout: float | None) -> None:
+def export(job: str, fmt: str, out: Path | None, wait: bool, timeout: float | None) -> None:
     """Write JOB's OpenAI Batch files: to ``out`` (a directory), else to the store's
     ``results/{job}/export/openai-batch/``; what is final now (``wait``: follow the job to its
     end), ``_SUCCESS`` last once every line is final."""
     from ocrq.openai_responses import export_to_store
     from producer.openai_batch import write_files
 
-    if format != "openai-batch":
+    if fmt != "openai-batch":
         raise typer.BadParameter("jsonl (Parquet if asked) | openai-batch (--out DIR with openai-batch only)",
                                  param_hint="--format")
     client = _client(_settings())
