@@ -91,13 +91,28 @@ def rejected_line(custom_id: str, line: int, file_digest: str, error: OcrqError)
             "error": {"code": type(error).__name__, "message": redact_text(str(error)), "line": line}}
 
 
-def rejected(store: ResultStore, job: str) -> Iterator[dict[str, Any]]:
-    """The error lines of every OpenAI Batch file's lines that could not run, as submitted."""
+def rejected(store: ResultStore, job: str, ran: set[str]) -> Iterator[dict[str, Any]]:
+    """The error lines of the OpenAI Batch files' lines that could not run, but those whose
+    ``custom_id`` ran since (``ran``: a file submitted again with the line fixed) and repeats of
+    one ``custom_id`` (the same bad line in two versions of a file). A ``DuplicateCustomId`` line
+    stays: its ``custom_id`` ran from the line it repeats."""
+    written: set[tuple[str, str]] = set()
     for path in store.list(keys.openai_rejected_prefix(job)):
         data = store.get_many([path], raw=True).get(path) or b""
         for raw in data.splitlines():
-            if raw.strip():
-                yield json.loads(raw)
+            if not raw.strip():
+                continue
+            line = json.loads(raw)
+            cid, code = line.get("custom_id") or "", line["error"]["code"]
+            if cid and ((cid, code) in written or (code != "DuplicateCustomId" and cid in ran)):
+                continue
+            written.add((cid, code))
+            yield line
+
+
+def custom_ids(results: Iterable[ImageResult]) -> set[str]:
+    """The ``custom_id`` of every image of a job that came from an OpenAI Batch line."""
+    return {cid for r in results if (cid := custom_id(r)) is not None}
 
 
 def final_lines(results: Iterable[ImageResult]) -> Iterator[tuple[str, bool, dict[str, Any]]]:
@@ -138,10 +153,15 @@ def export_to_store(index: JobIndex, store: ResultStore, job: str) -> dict[str, 
         out, err = Path(tmp) / keys.OPENAI_OUTPUT, Path(tmp) / keys.OPENAI_ERRORS
         with out.open("wb") as fo, err.open("wb") as fe:
             files = BatchFiles(fo, fe)
-            for envelope in rejected(store, job):  # (known at submit: first, as write_files has them)
+            ran: set[str] = set()
+            for result in job_results(index, store, job):
+                cid = custom_id(result)
+                if cid is not None:
+                    ran.add(cid)
+                    if result.record.status.final:
+                        files.add(*result_line(result))
+            for envelope in rejected(store, job, ran):
                 files.add(True, envelope)
-            for _, is_error, envelope in final_lines(job_results(index, store, job)):
-                files.add(is_error, envelope)
         store.put_file(keys.openai_export_object(job, keys.OPENAI_OUTPUT), out, "application/x-ndjson")
         store.put_file(keys.openai_export_object(job, keys.OPENAI_ERRORS), err, "application/x-ndjson")
     marker = {"job": job, "complete": complete, "lines": files.lines, "error_lines": files.error_lines,

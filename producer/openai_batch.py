@@ -29,7 +29,7 @@ from ocrq.fetch import _fetch_http
 from ocrq.inline_images import InlineImages, is_data_uri
 from ocrq.intake import IntakePlan, check_ref
 from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
-from ocrq.openai_responses import BatchFiles, final_lines, rejected, rejected_line
+from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
 from ocrq.results import json_line
 from producer.client import Client, Job
@@ -147,7 +147,8 @@ def write_files(client: Client, job: str, out: Path, *, follow: bool = False, po
     written: set[str] = set()
     with (out / keys.OPENAI_OUTPUT).open("wb") as fo, (out / keys.OPENAI_ERRORS).open("wb") as fe:
         files = BatchFiles(fo, fe)
-        for envelope in rejected(client.store, job):  # known at submit: first
+        # known at submit: first (but lines that ran since, from the file fixed)
+        for envelope in rejected(client.store, job, custom_ids(handle.results())):
             files.add(True, envelope)
         while True:
             counts = handle.status()  # before reading: all final then means all read final

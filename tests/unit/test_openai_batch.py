@@ -212,3 +212,20 @@ def test_vllm_run_batch_accepts_the_inputs_and_reads_the_outputs():
         assert out.custom_id == envelope["custom_id"]
         if envelope["error"] is None:
             assert out.response is not None and out.response.body is not None
+
+
+def test_error_lines_of_a_file_fixed_and_submitted_again_are_not_repeated(tmp_path):
+    from ocrq.openai_requests import DuplicateCustomId
+    from ocrq.openai_responses import rejected
+    from ocrq.results import json_line
+
+    store = SqliteStore(tmp_path / "store")
+    bad = InvalidLine("no image_url part")
+    first = [rejected_line("a", 1, "v1", bad), rejected_line("b", 3, "v1", DuplicateCustomId("repeats line 2")),
+             rejected_line("", 4, "v1", InvalidLine("not JSON")), rejected_line("c", 5, "v1", bad)]
+    second = [rejected_line("c", 5, "v2", bad)]  # the same bad line, in the file's next version
+    for digest, lines in (("v1", first), ("v2", second)):
+        store.put_many([(keys.openai_rejected("j", digest), b"".join(json_line(x) + b"\n" for x in lines))])
+    # "a" was fixed and ran; "b" ran from the line it repeats
+    kept = [(x["custom_id"], x["error"]["code"]) for x in rejected(store, "j", ran={"a", "b"})]
+    assert kept == [("b", "DuplicateCustomId"), ("", "InvalidLine"), ("c", "InvalidLine")]
