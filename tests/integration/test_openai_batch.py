@@ -129,6 +129,7 @@ def test_a_batch_file_survives_a_killed_producer_and_worker(redis_url, redis_cli
     assert len(set(written)) == len(written) >= LINES // 5 and not (out / "_SUCCESS").exists()
     os.killpg(first.pid, signal.SIGKILL)
     os.killpg(victim.pid, signal.SIGKILL)
+    print(f"killed the producer and a worker after {time.monotonic() - t0:.1f}s, {len(written)} lines written")
     first.wait(10)
     victim.wait(10)
     assert redis_client.hget(keys.job_counts("batch"), "total") is not None
