@@ -60,8 +60,10 @@ def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], 
 
 
 def invalidate(redis: Any, store: ResultStore, job: str) -> None:
-    """The job gets new work: its export is stale (the marker goes first)."""
-    store.delete(keys.export_object(job, keys.EXPORT_SUCCESS))
+    """The job gets new work: its export is stale (the markers go first: its own, and that of its
+    OpenAI Batch files)."""
+    store.delete_many([keys.export_object(job, keys.EXPORT_SUCCESS),
+                       keys.openai_export_object(job, keys.EXPORT_SUCCESS)])
     redis.delete(keys.job_finishing(job))
 
 

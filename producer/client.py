@@ -276,20 +276,19 @@ class Client:
                          dry_run: bool = False) -> int:
         """Re-publish failed images (optionally one error type) with a fresh attempt budget, on
         each job's own queue and priority; returns how many (would be, with ``dry_run``)."""
-        from ocrq.failed import registered
+        from ocrq.failed import FailedImage, registered
 
-        by_job: dict[str, list[ImageRecord]] = {}
-        specs: dict[str, tuple[str | None, dict[str, Any] | None]] = {}  # image id -> its task, params
+        by_job: dict[str, list[FailedImage]] = {}
         for f in registered(self.index, self.store, job, error):
-            by_job.setdefault(f.record.job, []).append(f.record)
-            specs[f.record.id] = (f.task, f.params)
+            by_job.setdefault(f.record.job, []).append(f)
         if dry_run:
             return sum(len(recs) for recs in by_job.values())
         n = 0
         stamp = str(int(time.time()))
         size = self.settings.queue.chunk_size
         with self.app.producer_or_acquire() as producer:
-            for j, records in by_job.items():
+            for j, failed in by_job.items():
+                records = [f.record for f in failed]
                 meta = self.index.meta(j)
                 invalidate(self.redis, self.store, j)  # new work: the job's export no longer describes it
                 queued = [ImageRecord(id=r.id, job=j, ref=r.ref, status=ImageStatus.queued, row=r.row)
@@ -300,7 +299,7 @@ class Client:
                 self.store.delete_many(keys.failed_object(j, r.id) for r in records)
                 # each image again with the task and params it ran with (its own, an OpenAI Batch
                 # line's, or the job's)
-                items = [Item(id=r.id, ref=r.ref, row=r.row, **_own_spec(meta, *specs[r.id])) for r in records]
+                items = [Item(id=f.record.id, ref=f.record.ref, row=f.record.row, **f.own_spec(meta)) for f in failed]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
@@ -323,16 +322,6 @@ class Client:
 
     def close(self) -> None:
         self.redis.close()
-
-
-def _own_spec(meta: dict[str, Any], task: str | None, params: dict[str, Any] | None) -> dict[str, Any]:
-    """An image's task and params as Item fields, where they differ from the job's."""
-    out: dict[str, Any] = {}
-    if task is not None and task != meta.get("task", "text"):
-        out["task"] = task
-    if params is not None and params != meta.get("params", {}):
-        out["params"] = params
-    return out
 
 
 class SubmissionRefused(RefusedRef):
