@@ -25,7 +25,7 @@ from typing import Any
 
 from ocrq import keys
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
-from ocrq.fetch import _fetch_http
+from ocrq.fetch import fetch
 from ocrq.inline_images import InlineImages, is_data_uri
 from ocrq.intake import IntakePlan, check_ref
 from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
@@ -65,7 +65,7 @@ def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str
         return body.iter_lines(keepends=True), f"s3://{ref.bucket}/{folder + '/' if folder else ''}"
     if source.startswith(("http://", "https://")):
         limits = client.settings.limits.model_copy(update={"max_bytes": MAX_URL_FILE_BYTES})
-        return iter(_fetch_http(source, limits).splitlines(keepends=True)), None
+        return iter(fetch(source, limits).splitlines(keepends=True)), None
     path = Path(source)
 
     def local() -> Iterator[bytes]:

@@ -229,3 +229,29 @@ def test_error_lines_of_a_file_fixed_and_submitted_again_are_not_repeated(tmp_pa
     # "a" was fixed and ran; "b" ran from the line it repeats
     kept = [(x["custom_id"], x["error"]["code"]) for x in rejected(store, "j", ran={"a", "b"})]
     assert kept == [("b", "DuplicateCustomId"), ("", "InvalidLine"), ("c", "InvalidLine")]
+
+
+def test_an_input_file_is_read_from_a_path_or_a_url(tmp_path):
+    import functools
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    from ocrq.settings import Settings
+    from producer.openai_batch import read_lines
+
+    (tmp_path / "batch.jsonl").write_bytes(EXAMPLE.read_bytes())
+    fake_client = SimpleNamespace(settings=Settings(limits={"http_allow_private": True}), s3=None)
+    lines, base = read_lines(fake_client, str(tmp_path / "batch.jsonl"))  # type: ignore[arg-type]
+    assert b"".join(lines) == EXAMPLE.read_bytes() and base == tmp_path.resolve()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/batch.jsonl"
+        lines, base = read_lines(fake_client, url)  # type: ignore[arg-type]
+        assert b"".join(lines) == EXAMPLE.read_bytes() and base is None
+    finally:
+        server.shutdown()
+    with pytest.raises(RefusedRef, match="no such file"):
+        read_lines(fake_client, str(tmp_path / "missing.jsonl"))  # type: ignore[arg-type]
