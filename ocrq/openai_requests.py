@@ -93,7 +93,9 @@ def parse_line(raw: str | bytes) -> BatchRequest:
         raise InvalidLine(f"n must be 1, not {n!r}: one answer per image")
     image, text = _content(body.get("messages"))
     task, params = task_of(text) or (("text", {"prompt": text}) if text.strip() else ("text", {}))
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidLine(f"max_tokens must be a positive integer, not {max_tokens!r}")
