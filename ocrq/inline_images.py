@@ -54,13 +54,22 @@ def decode_data_uri(uri: str, max_bytes: int) -> bytes:
     return data
 
 
+#: inline images written together (one ``put_many``: concurrent PUTs on S3), and the bytes that
+#: make a group written early
+_GROUP = 64
+_GROUP_BYTES = 32 * 1024 * 1024
+
+
 class InlineImages:
-    """Writes inline images to ``store`` (each distinct one once per instance) and names them."""
+    """Writes inline images to ``store`` (each distinct one once per instance, in groups) and
+    names them. ``flush`` before the refs are published: a ref names an object written."""
 
     def __init__(self, store: ResultStore, max_bytes: int) -> None:
         self.store = store
         self.max_bytes = max_bytes
         self._written: set[str] = set()
+        self._pending: list[tuple[str, bytes]] = []
+        self._pending_bytes = 0
 
     def ref(self, uri: str) -> str:
         """The ``store:`` ref of a ``data:`` URI's bytes (written to the store if not yet)."""
@@ -68,6 +77,14 @@ class InlineImages:
         digest = hashlib.sha256(data).hexdigest()
         key = keys.inline_input(digest)
         if digest not in self._written:
-            self.store.put_many([(key, data)])  # the same bytes under the same name: idempotent
             self._written.add(digest)
+            self._pending.append((key, data))  # the same bytes under the same name: idempotent
+            self._pending_bytes += len(data)
+            if len(self._pending) >= _GROUP or self._pending_bytes >= _GROUP_BYTES:
+                self.flush()
         return f"{STORE_SCHEME}:{key}"
+
+    def flush(self) -> None:
+        if self._pending:
+            self.store.put_many(self._pending)
+            self._pending, self._pending_bytes = [], 0

@@ -119,6 +119,7 @@ def plan_batch(client: Client, source: str) -> BatchPlan:
             plan.accept(ref, {"custom_id": req.custom_id}, req.spec())
         except OcrqError as exc:
             failures.append((custom_id_of(raw) if len(raw) <= max_line else "", n, exc))
+    inline.flush()  # every inline image is in the store before any ref to it is published
     batch.digest = digest.hexdigest()[:16]
     batch.rejected = [rejected_line(cid, n, batch.digest, exc) for cid, n, exc in failures]
     return batch
@@ -162,7 +163,8 @@ def write_files(client: Client, job: str, out: Path, *, follow: bool = False, po
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job}: {counts}")
-            time.sleep(poll)
+            # each pass reads the job's documents: a large job is read less often (1 s per 20,000)
+            time.sleep(max(poll, counts["total"] / 20_000))
     marker = {"job": job, "complete": done, "lines": files.lines, "error_lines": files.error_lines,
               "counts": counts, "files": [keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS]}
     if done:
