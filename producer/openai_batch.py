@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from ocrq import keys
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
 from ocrq.fetch import fetch
@@ -32,6 +34,7 @@ from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, p
 from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
 from ocrq.results import json_line
+from ocrq.s3errors import s3_error
 from producer.client import Client, Job
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
@@ -60,7 +63,10 @@ def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str
     image path in it resolves (the file's directory, or its S3 "folder")."""
     if source.startswith("s3://"):
         ref = parse(source, client.settings.limits)
-        body = client.s3.get_object(Bucket=ref.bucket, Key=ref.key)["Body"]
+        try:
+            body = client.s3.get_object(Bucket=ref.bucket, Key=ref.key)["Body"]
+        except (BotoCoreError, ClientError) as exc:  # NoSuchKey -> MissingObject, ...
+            raise s3_error(exc, source) from exc
         folder = ref.key.rpartition("/")[0]
         return body.iter_lines(keepends=True), f"s3://{ref.bucket}/{folder + '/' if folder else ''}"
     if source.startswith(("http://", "https://")):
