@@ -90,8 +90,9 @@ class LimitSettings(BaseModel):
     allowed_roots: list[Path] = Field(default_factory=list)
     #: buckets s3:// references may read (empty: any bucket the credentials can read)
     s3_buckets: list[str] = Field(default_factory=list)
-    #: schemes a reference may use
-    allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https"])
+    #: schemes a reference may use (``store``: inline images ocrq wrote to its own store,
+    #: ``store:inputs/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
+    allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https", "store"])
     http_timeout: float = 20.0
     #: http(s) refs may point at loopback/private/link-local addresses (cloud metadata, internal
     #: services): off by default, so submitting a URL cannot make workers probe the network
