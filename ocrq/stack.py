@@ -29,9 +29,9 @@ from urllib.parse import urlparse
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.gpus import WorkerPlan, embedded_worker
-from ocrq.settings import Settings
+from ocrq.settings import RedisSettings, Settings
 
 SERVICES = ("redis", "redis-cache", "worker", "flower")
 
@@ -51,10 +51,16 @@ def redis_binary() -> str | None:
     return str(bundled) if bundled.exists() else None
 
 
-def redis_alive(url: str, timeout: float = 0.5) -> bool:
+def _probe(url: str, rs: RedisSettings | None, timeout: float) -> redis.Redis:
+    """A client that tries once (``rs``: the settings a Sentinel URL needs)."""
+    return redis_conn.client(rs or RedisSettings(url=url), url, socket_timeout=timeout,
+                             socket_connect_timeout=timeout, retry=redis_conn.no_retry())
+
+
+def redis_alive(url: str, timeout: float = 0.5, rs: RedisSettings | None = None) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping())
-    except redis.RedisError:
+        return bool(_probe(url, rs, timeout).ping())
+    except (redis.RedisError, ValueError):
         return False
 
 
@@ -62,12 +68,12 @@ class StackConflict(RuntimeError):
     """Another directory's stack already runs what ``up`` would start (exit code 2 in the CLI)."""
 
 
-def running_workers(url: str) -> dict[str, dict[str, object]]:
+def running_workers(url: str, rs: RedisSettings | None = None) -> dict[str, dict[str, object]]:
     """Workers whose state is on ``url`` now (published within the last minute): node → the
     process they run in (``host``, ``pid``, ``var_dir``; empty for a worker of an older version).
     Empty when Redis does not answer."""
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = _probe(url, rs, 1.0)
         names = list(client.scan_iter(keys.worker_state("*"), count=200))
         found: dict[str, dict[str, object]] = {}
         for key, raw in zip(names, client.mget(names) if names else [], strict=True):
@@ -94,11 +100,11 @@ def _alive(process: dict[str, object]) -> bool:
 
 
 def wait_worker_state(url: str, node: str, timeout: float, alive: Callable[[], bool],
-                      where: Callable[[], str]) -> None:
+                      where: Callable[[], str], rs: RedisSettings | None = None) -> None:
     """Return once worker ``node`` published its state (engine started, consuming). Raise
     RuntimeError, with ``where()`` (a log path or tail), once ``alive()`` is false or after
     ``timeout``. A Redis that is still starting counts as not ready yet."""
-    client = redis.Redis.from_url(url)
+    client = _probe(url, rs, 5.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -185,13 +191,14 @@ class Stack:
         url = self.settings.redis.url
         plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
         self._refuse_conflicts(url, plans)
-        if redis_alive(url):
+        rs = self.settings.redis
+        if redis_alive(url, rs=rs):
             status["redis"] = f"using {url}"
         else:
             status["redis"] = self._start_redis(url)
         cache_url = self.settings.redis.cache_url
         if cache_url and cache_url != url:
-            if redis_alive(cache_url):
+            if redis_alive(cache_url, rs=rs.model_copy(update={"master_name": rs.cache_master_name or rs.master_name})):
                 status["redis-cache"] = f"using {cache_url}"
             elif urlparse(cache_url).hostname in ("127.0.0.1", "localhost"):
                 status["redis-cache"] = self._start_redis(cache_url, cache=True)
@@ -211,7 +218,7 @@ class Stack:
                 if plan.after is not None:  # its GPU's earlier engine has sized its memory first
                     self.wait_worker(plan.after.node, wait, plan.after.service)
                 # a state key left by a worker of the same name that died < 60 s ago is not readiness
-                redis.Redis.from_url(url).delete(keys.worker_state(plan.node))
+                redis_conn.client(rs, url).delete(keys.worker_state(plan.node))
                 self._spawn(plan.service, [sys.executable, "-m", "ocrq_cli", "worker", "--name", plan.node],
                             {**env, **plan.env})
                 status[plan.service] = (f"{plan.node}, pid {self.pid(plan.service)}{gpu}{metrics}, "
@@ -237,7 +244,7 @@ class Stack:
         """``StackConflict`` when a worker this stack would start already runs on ``url`` from
         another var dir: two workers of one name on one Redis share a Celery node name, a state
         key and a metrics port, and producers would read the other stack's allowed roots."""
-        running = running_workers(url)
+        running = running_workers(url, self.settings.redis)
         for plan in plans:
             process = running.get(plan.node)
             if process is None or self.pid(plan.service) or not _alive(process):
@@ -298,7 +305,7 @@ class Stack:
     def wait_worker(self, node: str, timeout: float, service: str = "worker") -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
         wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid(service) is not None,
-                          lambda: f"see {self.log_dir / f'{service}.log'}")
+                          lambda: f"see {self.log_dir / f'{service}.log'}", self.settings.redis)
 
     def worker_services(self) -> list[str]:
         """Every worker this stack started (``worker``, ``worker-gpu0``, …), by its pid file."""
@@ -327,5 +334,5 @@ class Stack:
     def others(self) -> list[str]:
         """The var dirs of stacks running on this stack's Redis URL that are not this one."""
         mine = str(self.var)
-        return sorted({str(p["var_dir"]) for p in running_workers(self.settings.redis.url).values()
+        return sorted({str(p["var_dir"]) for p in running_workers(self.settings.redis.url, self.settings.redis).values()
                        if p.get("var_dir") and p["var_dir"] != mine and _alive(p)})

@@ -434,11 +434,9 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
 @app.command()
 def governor(reset: bool = typer.Option(False, "--reset", help="delete the snapshots: next starts are cold")) -> None:
     """What workers' VRAM governors learned (one JSON line per snapshot in Redis), or --reset."""
-    import redis
+    from ocrq import keys, redis_conn
 
-    from ocrq import keys
-
-    client = redis.Redis.from_url(_settings().redis.url)
+    client = redis_conn.client(_settings().redis)
     found = sorted(client.scan_iter(keys.governor_profile("*")))
     if reset:
         removed = client.delete(*found) if found else 0
@@ -471,12 +469,11 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
             queues: str | None = typer.Option(None, help="comma-separated queues (default: the configured one)"),
             ) -> None:
     """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
-    import redis
-
+    from ocrq import redis_conn
     from ocrq.metrics import serve
 
     settings = _settings()
-    serve(redis.Redis.from_url(settings.redis.url), queues.split(",") if queues else [settings.queue.name],
+    serve(redis_conn.client(settings.redis), queues.split(",") if queues else [settings.queue.name],
           host, port)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.errors import RefusedRef, TooLarge
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
@@ -60,7 +60,7 @@ _SUBMITTING_TTL_S = 600
 class Client:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis.url)
+        self.redis = redis_conn.client(settings.redis)
         self.index = JobIndex(self.redis, settings.redis.job_ttl)
         self._app: Any = None
         self._s3: Any = None

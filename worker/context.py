@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.jobs import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
@@ -152,7 +152,7 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     log.info("engine %s ready: revision %s", engine.name, engine.revision)
     probe = NvmlProbe.for_current_device()
     governor = governor_for(settings.batch, engine, probe)
-    client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
+    client = redis_conn.client(settings.redis, health_check_interval=30)
     governor_key = restore_governor(governor, client, settings, engine.revision)
     metrics = WorkerMetrics()
     loop = EngineLoop(
@@ -181,10 +181,9 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
 
 def cache_client(settings: Settings, broker: Any) -> Any:
     """The client of the Redis that holds the hot cache: ``redis.cache_url``, else the broker's."""
-    url = settings.redis.cache_url
-    if not url or url == settings.redis.url:
-        return broker
-    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=5, socket_connect_timeout=5)
+    own = redis_conn.cache_client(settings.redis, health_check_interval=30, socket_timeout=5,
+                                  socket_connect_timeout=5)
+    return broker if own is None else own
 
 
 def profile_of(engine: Engine) -> ModelProfile:
