@@ -34,7 +34,10 @@ class Channel(base.Channel, kredis.SentinelChannel):
         pool.connection_class = (redis_conn.FollowingSSLConnection
                                  if issubclass(pool.connection_class, kredis.SentinelManagedSSLConnection)
                                  else redis_conn.FollowingConnection)
-        pool.connection_kwargs.setdefault("retry", redis_conn.retry_policy())
+        # no retry inside redis-py: a connection error goes to kombu, which reconnects the channel
+        # (and asks Sentinel again). redis-py's retry reconnects a PUBSUB connection in place and
+        # then blocks the worker's event loop reading the fresh socket (the consumer stops)
+        pool.connection_kwargs["retry"] = redis_conn.no_retry()
         return pool
 
 
