@@ -173,25 +173,29 @@ def test_a_demoted_master_answering_readonly_is_left_for_the_new_one(ha, ha_work
     _check_job(second, 40)
 
 
-def test_a_following_client_writes_on_after_a_demotion_where_redis_py_s_does_not(ha):
-    # Given redis-py's Sentinel client (as kombu and Celery build it) and ocrq's, both writing
-    settings = RedisSettings(url=ha.url)
-    stock = Sentinel([("127.0.0.1", p) for p in ha.sentinel_ports]).master_for(
-        ha.master_name, socket_timeout=2, retry=redis_conn.DeadlineRetry(window_s=8),
-        retry_on_error=[redis.ConnectionError])
-    ours = redis_conn.client(settings)
-    stock.set("k", "stock")
-    ours.set("k", "ours")
+def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes_back(ha):
+    # Given a connection of redis-py's Sentinel pool (as kombu and Celery build it) and one of
+    # ocrq's, both connected to the master
+    stock_pool = Sentinel([("127.0.0.1", p) for p in ha.sentinel_ports]).master_for(ha.master_name).connection_pool
+    ours_pool = redis_conn.client(RedisSettings(url=ha.url)).connection_pool
+    stock, ours = stock_pool.get_connection(), ours_pool.get_connection()
     old = ha.master_port()
-    # When Sentinel demotes the master (still up, answering READONLY)
+    assert (stock.port, ours.port) == (old, old)
+    # When Sentinel demotes the master (still up: a replica answering READONLY) and both
+    # connections drop
     ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
     ha.wait_failover(old or 0)
-    # Then ocrq's client writes to the new master ...
-    ours.set("k", "ours-after")
-    assert ha.server(ha.master_index() or 0).get("k") == b"ours-after"
-    # ... while redis-py's goes back to the address it had: the old master refuses the write
-    # (NOREPLICAS: its replicas left with the failover; READONLY once Sentinel has demoted it)
-    # until the client's retries run out
-    with pytest.raises(redis.RedisError, match="NOREPLICAS|slave|replica|READONLY"):
-        stock.set("k", "stock-after")
-    assert stock.connection_pool.get_master_address() != ("127.0.0.1", old)  # Sentinel knew better
+    demoted = ha.server(ha.data_ports.index(old or 0))
+    deadline = time.monotonic() + 30
+    while demoted.info("replication")["role"] != "slave" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stock.disconnect()
+    ours.disconnect()
+    # Then sending a write reconnects ocrq's to the new master ...
+    ours.send_command("SET", "k", "ours")
+    assert ours.read_response() == b"OK" and ours.port == ha.master_port() != old
+    # ... and redis-py's to the address it had: the demoted master, READONLY (celery#7946)
+    stock.send_command("SET", "k", "stock")
+    with pytest.raises(redis.RedisError, match="slave|replica|READONLY"):
+        stock.read_response()
+    assert stock.port == old
