@@ -183,6 +183,7 @@ def submit(
         raise typer.Exit(code=2)
     if not plan.accepted:
         console.print(f"[yellow]no images in {escape(' '.join(refs))}[/]: job {escape(job)} has nothing to run")
+    from producer.acked import NotReplicated
     from producer.client import BrokerFull
 
     try:
@@ -192,6 +193,9 @@ def submit(
     except BrokerFull as exc:  # the broker's Redis is full: new work waits, running jobs go on
         console.print(f"[red]submission refused[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
+    except NotReplicated as exc:  # written, but not confirmed on the replicas: run it again
+        console.print(f"[red]submission not confirmed[/]: {escape(str(exc))}")
+        raise typer.Exit(code=5) from exc
     except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc

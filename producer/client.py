@@ -47,6 +47,7 @@ from ocrq.redact import redact_text, redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
+from producer.acked import acknowledged
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: progress(phase, done, total) of a submission: "submitting" (refs recorded, written and fed)
@@ -153,8 +154,10 @@ class Client:
                  queue: str, parquet: bool, republish: bool = False, progress: Progress | None = None) -> Job:
         self.check_room()
         try:
-            return self._record_and_publish(plan, job, task, params, priority, queue, parquet, republish,
-                                            progress)
+            # on Sentinel: returns once the replicas hold it, written again after a failover
+            return acknowledged(lambda: self._record_and_publish(plan, job, task, params, priority, queue, parquet,
+                                                                 republish, progress),
+                                self.redis, job, self.settings.redis)
         except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
             raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
 
