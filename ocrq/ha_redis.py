@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class HaRedis:
     max_memory: int = 0
     down_after_ms: int = DOWN_AFTER_MS
     log_dir: Path | None = None
+    #: where pid files go (default: ``root``); ``ocrq down`` stops what it finds there
+    run_dir: Path | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -67,7 +70,9 @@ class HaRedis:
         argv = [self.binary, str(conf), *(["--sentinel"] if sentinel else [])]
         self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
-        (self.root / f"{name}.pid").write_text(str(self.procs[name].pid))
+        run = self.run_dir or self.root
+        run.mkdir(parents=True, exist_ok=True)
+        (run / f"{name}.pid").write_text(str(self.procs[name].pid))
 
     def _server_conf(self, i: int, replica_of: int | None) -> Path:
         d = self._dir(f"redis-{i}")
@@ -105,6 +110,21 @@ class HaRedis:
         for j in range(len(self.sentinel_ports)):
             self._spawn(f"sentinel-{j}", self._sentinel_conf(j, self.data_ports[0]), sentinel=True)
         self.wait_ready(timeout)
+
+    def start_missing(self, running: Callable[[str], bool]) -> list[str]:
+        """Start again the members ``running(name)`` says are not running (a server as a replica
+        of the current master, a Sentinel from the configuration it rewrote); their names."""
+        started = []
+        for i in range(len(self.data_ports)):
+            if not running(f"redis-{i}"):
+                self.restart(i)
+                started.append(f"redis-{i}")
+        for j in range(len(self.sentinel_ports)):
+            conf = self.root / f"sentinel-{j}" / "sentinel.conf"
+            if not running(f"sentinel-{j}") and conf.exists():
+                self._spawn(f"sentinel-{j}", conf, sentinel=True)
+                started.append(f"sentinel-{j}")
+        return started
 
     def server(self, i: int, timeout: float = 1.0) -> redis.Redis:
         return redis.Redis(port=self.data_ports[i], password=self.password, socket_timeout=timeout,

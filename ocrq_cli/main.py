@@ -68,6 +68,8 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
                                         "from (repeatable; default: limits.allowed_roots, else here)"),
        gpus: str | None = typer.Option(None, help="one worker per GPU: all, or NVML indices/UUIDs like 0,1 "
                                                   "(with a GPU profile, e.g. --config configs/gpu-vllm.yaml)"),
+       ha: bool = typer.Option(False, "--ha", help="a local HA Redis: 3 redis-server + 3 Sentinels "
+                               "(with redis.url naming them: --config configs/ha.yaml)"),
        ) -> None:
     """Start the embedded stack in the background (state under ./var/)."""
     import os
@@ -88,7 +90,7 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
         if note:
             console.print(f"[yellow]{escape(note)}[/]")
     try:
-        status = Stack(settings, allow=allow).up(wait=wait, workers=workers)
+        status = Stack(settings, allow=allow).up(wait=wait, workers=workers, ha=ha)
     except StackConflict as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(code=2) from exc
