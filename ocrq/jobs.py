@@ -105,6 +105,10 @@ for i = 8, #ARGV, 6 do
   end
 end
 if opened then redis.call('HDEL', KEYS[4], 'archived') end
+-- the part's number is taken: a counter that lost it (a failover) must not hand it out again
+if part ~= '' and tonumber(part) > tonumber(redis.call('HGET', KEYS[4], 'parts') or '0') then
+  redis.call('HSET', KEYS[4], 'parts', part)
+end
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[4], ttl)

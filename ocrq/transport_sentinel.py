@@ -26,7 +26,8 @@ class Channel(base.Channel, kredis.SentinelChannel):
     """ocrq's channel (claim script, wake-up tokens, delivery-scoped acks) on a Sentinel pool."""
 
     connection_class = redis_conn.FollowingConnection
-    connection_class_ssl = redis_conn.FollowingSSLConnection
+    # redis-py's SentinelManagedSSLConnection, as kombu's own is (kombu types it as its class)
+    connection_class_ssl = redis_conn.FollowingSSLConnection  # type: ignore[assignment]
 
     def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
         pool = super()._sentinel_managed_pool(asynchronous)

@@ -480,7 +480,7 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
 
     settings = _settings()
     serve(redis_conn.client(settings.redis), queues.split(",") if queues else [settings.queue.name],
-          host, port)
+          host, port, settings.redis)
 
 
 @model_app.command("make-random")

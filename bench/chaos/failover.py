@@ -88,6 +88,8 @@ def run_failover(env: Any, n: int, sim: dict[str, Any], worker_env: Callable[...
         submit = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "submit", *refs, "--job", job, "--wait",
                                    "--timeout", str(int(timeout_s))], env=wenv, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
+        while not client.index.exists(job) and submit.poll() is None:  # the CLI is planning
+            time.sleep(0.2)
         resumes = _drive(ha, client.job(job), n, notes, t0 + timeout_s)
         out, _ = submit.communicate(timeout=max(60.0, t0 + timeout_s - time.monotonic() + 60))
         wall = time.monotonic() - t0
