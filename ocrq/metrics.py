@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from ocrq import keys, redis_conn
 from ocrq.jobs import COST_FIELDS
@@ -78,8 +79,14 @@ def replication_families(redis: Any, rs: RedisSettings | None) -> Iterator[Gauge
     yield master
     epoch = 0.0
     if rs is not None and redis_conn.is_sentinel(rs.url):
-        state = redis_conn.sentinel_for(rs).sentinels[0].sentinel_master(rs.master_name)
-        epoch = float(state.get("config-epoch", 0))
+        for sentinel in redis_conn.sentinel_for(rs).sentinels:  # the first that answers
+            try:
+                state = sentinel.sentinel_master(rs.master_name)
+            except RedisError:
+                continue
+            if isinstance(state, dict):
+                epoch = float(state.get("config-epoch", 0))
+                break
     yield GaugeMetricFamily("ocrq_redis_sentinel", "1 when the broker's URL names Sentinels.",
                             value=1.0 if rs is not None and redis_conn.is_sentinel(rs.url) else 0.0)
     yield GaugeMetricFamily("ocrq_redis_config_epoch", "Sentinel's configuration epoch of the broker's master "
