@@ -72,7 +72,11 @@ def replication_families(redis: Any, rs: RedisSettings | None) -> Iterator[Gauge
     failover), Sentinel's config epoch for it (it grows by one per failover; 0 without Sentinel),
     its replicas in sync and each one's lag in bytes and seconds (ops/alerts.yml)."""
     info = redis.info("replication")
-    address = "{}:{}".format(*(redis_conn.master_address(rs) or ("", 0))) if rs is not None else ""
+    found = redis_conn.master_address(rs) if rs is not None else None
+    if found is None:  # a plain URL: the server this client talks to
+        kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
+        found = (kwargs.get("host", ""), kwargs.get("port", 0))
+    address = "{}:{}".format(*found)
     master = GaugeMetricFamily("ocrq_redis_master", "The broker's master (1): address (Sentinel's) and "
                                "replication id; a new series at each failover.", labels=["address", "replid"])
     master.add_metric([address, str(info.get("master_replid", ""))], 1.0)

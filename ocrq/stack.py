@@ -194,12 +194,7 @@ class Stack:
         plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
         self._refuse_conflicts(url, plans)
         rs = self.settings.redis
-        if ha:
-            status["redis"] = self._start_ha()
-        elif redis_alive(url, rs=rs):
-            status["redis"] = f"using {redis_conn.redacted(url)}"
-        else:
-            status["redis"] = self._start_redis(url)
+        status["redis"] = self._broker(ha)
         cache_url = self.settings.redis.cache_url
         if cache_url and cache_url != url:
             if redis_alive(cache_url, rs=rs.model_copy(update={"master_name": rs.cache_master_name or rs.master_name})):
@@ -305,6 +300,18 @@ class Stack:
                 raise RuntimeError(f"redis-server did not start; see {self.log_dir / f'{name}.log'}")
             time.sleep(0.1)
         return f"started {binary} on {url}" + (" (cache only, allkeys-lru)" if cache else "")
+
+    def _broker(self, ha: bool) -> str:
+        """The broker's Redis: used when it answers, else started (``ha``: the HA one)."""
+        url, rs = self.settings.redis.url, self.settings.redis
+        if ha:
+            return self._start_ha()
+        if redis_alive(url, rs=rs):
+            return f"using {redis_conn.redacted(url)}"
+        if redis_conn.is_sentinel(url):
+            raise RuntimeError(f"no Sentinel at {redis_conn.redacted(url)} names a master {rs.master_name!r} that "
+                               "answers; `ocrq up --ha` starts a local HA Redis")
+        return self._start_redis(url)
 
     def _ha(self) -> HaRedis:
         rs = self.settings.redis

@@ -162,7 +162,8 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
         on_batch=metrics.observe_batch,
     )
     loop.start()
-    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name])
+    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name],
+                  settings.redis)
     if settings.metrics_port:
         metrics.serve(settings.metrics_addr, settings.metrics_port)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)

@@ -180,6 +180,9 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
     ours_pool = redis_conn.client(RedisSettings(url=ha.url)).connection_pool
     stock, ours = stock_pool.get_connection(), ours_pool.get_connection()
     old = ha.master_port()
+    before = _series(ha)
+    assert before["ocrq_redis_master"][0][0]["address"] == f"127.0.0.1:{old}"
+    assert before["ocrq_redis_connected_replicas"][0][1] == 2 and before["ocrq_redis_sentinel"][0][1] == 1
     assert (stock.port, ours.port) == (old, old)
     # When Sentinel demotes the master (still up: a replica answering READONLY) and both
     # connections drop
@@ -199,3 +202,17 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
     with pytest.raises(redis.RedisError, match="slave|replica|READONLY"):
         stock.read_response()
     assert stock.port == old
+    # and `ocrq metrics` shows the new master, Sentinel's epoch one higher, the replicas' lag
+    after = _series(ha)
+    assert after["ocrq_redis_master"][0][0]["address"] == f"127.0.0.1:{ha.master_port()}"
+    assert after["ocrq_redis_config_epoch"][0][1] == before["ocrq_redis_config_epoch"][0][1] + 1
+    assert {labels["replica"] for labels, _ in after["ocrq_redis_replica_lag_bytes"]}
+
+
+def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The replication series `ocrq metrics` serves for this HA Redis."""
+    from ocrq.metrics import replication_families
+
+    rs = RedisSettings(url=ha.url)
+    return {fam.name: [(s.labels, s.value) for s in fam.samples]
+            for fam in replication_families(redis_conn.client(rs), rs)}
