@@ -41,7 +41,7 @@ EVENTS = ((0.2, "kill"), (0.5, "kill"), (0.8, "demote"))
 
 @dataclasses.dataclass
 class _Url:
-    """What the suite's helpers read of its Redis: the URL."""
+    """What the suite's worker_env and client_for read of its Redis: the URL."""
 
     url: str
 

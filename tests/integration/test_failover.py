@@ -37,7 +37,7 @@ from tests.integration.conftest import settings_for, worker_env
 
 pytestmark = pytest.mark.integration
 
-#: what the brief of a failover promises: work resumes within this many seconds of a promotion
+#: ocrq's target for a failover: work resumes within this many seconds of a promotion
 RESUME_MAX_S = 30.0
 
 
