@@ -79,7 +79,8 @@ test: install-vllm check-ops
 
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
 # workers and moto's S3 under kills, Redis restarts and crashes, an S3 outage, an OOM storm, all
-# at once, poison files and the security checks; the table goes to docs/reliability.md. The
+# at once, poison files, a Sentinel failover (master killed twice, demoted once) and the security
+# checks; the table goes to docs/reliability.md. The
 # quick form (part of `make test`) uses short reaper timings.
 reliability: install test-prereqs
 	$(PY) -m bench.chaos

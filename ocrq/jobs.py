@@ -33,7 +33,8 @@ from ocrq.scripts import PastMaxmemory
 # JSON (``doc``). A final image's full record is its document, in that part (ocrq.parts).
 # Modes: "submit" records new images (never resets one) and says which need its submission's
 # shard: new ones, and those it recorded before without publishing them (a resumed submit);
-# "update" (the workers) never moves a done image back, and leaves an archived job alone (its
+# "update" (the workers) never rewrites a done image: the first done stands (a chunk run again
+# after a redelivery or a Redis failover cannot replace its result), and leaves an archived job alone (its
 # records left Redis: a stale redelivery is ignored); an image without a record in a job that is
 # not archived (a message from elsewhere) is recorded; "force" (reprocess) writes
 # whatever is there, queued ones as published; "reopen" (reprocess of an archived job) is force
@@ -72,7 +73,7 @@ for i = 8, #ARGV, 6 do
     write = (old == false)
     out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
   else
-    if mode == 'update' and ((old == false and archived) or (ost == 'done' and st ~= 'done')) then
+    if mode == 'update' and ((old == false and archived) or ost == 'done') then
       write = false
     end
     out[#out + 1] = write and 1 or 0
@@ -104,6 +105,10 @@ for i = 8, #ARGV, 6 do
   end
 end
 if opened then redis.call('HDEL', KEYS[4], 'archived') end
+-- the part's number is taken: a counter that lost it (a failover) must not hand it out again
+if part ~= '' and tonumber(part) > tonumber(redis.call('HGET', KEYS[4], 'parts') or '0') then
+  redis.call('HSET', KEYS[4], 'parts', part)
+end
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('EXPIRE', KEYS[4], ttl)

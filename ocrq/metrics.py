@@ -20,9 +20,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.jobs import COST_FIELDS
+from ocrq.settings import RedisSettings
 
 log = logging.getLogger("ocrq.metrics")
 
@@ -65,13 +67,58 @@ def redis_memory_families(redis: Any, role: str) -> Iterator[GaugeMetricFamily]:
         yield fam
 
 
+def replication_families(redis: Any, rs: RedisSettings | None) -> Iterator[GaugeMetricFamily]:
+    """The broker's master (an info series: its address and replication id, which change at a
+    failover), Sentinel's config epoch for it (it grows by one per failover; 0 without Sentinel),
+    its replicas in sync and each one's lag in bytes and seconds (ops/alerts.yml)."""
+    info = redis.info("replication")
+    found = redis_conn.master_address(rs) if rs is not None else None
+    if found is None:  # a plain URL: the server this client talks to
+        kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
+        found = (kwargs.get("host", ""), kwargs.get("port", 0))
+    address = "{}:{}".format(*found)
+    master = GaugeMetricFamily("ocrq_redis_master", "The broker's master (1): address (Sentinel's) and "
+                               "replication id; a new series at each failover.", labels=["address", "replid"])
+    master.add_metric([address, str(info.get("master_replid", ""))], 1.0)
+    yield master
+    epoch = 0.0
+    if rs is not None and redis_conn.is_sentinel(rs.url):
+        for sentinel in redis_conn.sentinel_for(rs).sentinels:  # the first that answers
+            try:
+                state = sentinel.sentinel_master(rs.master_name)
+            except RedisError:
+                continue
+            if isinstance(state, dict):
+                epoch = float(state.get("config-epoch", 0))
+                break
+    yield GaugeMetricFamily("ocrq_redis_sentinel", "1 when the broker's URL names Sentinels.",
+                            value=1.0 if rs is not None and redis_conn.is_sentinel(rs.url) else 0.0)
+    yield GaugeMetricFamily("ocrq_redis_config_epoch", "Sentinel's configuration epoch of the broker's master "
+                            "(+1 per failover; 0 without Sentinel).", value=epoch)
+    yield GaugeMetricFamily("ocrq_redis_connected_replicas", "Replicas connected to the broker's master.",
+                            value=float(info.get("connected_slaves", 0)))
+    lag_bytes = GaugeMetricFamily("ocrq_redis_replica_lag_bytes", "Replication offset a replica is behind "
+                                  "the master by.", labels=["replica"])
+    lag_s = GaugeMetricFamily("ocrq_redis_replica_lag_seconds", "Seconds since a replica last acknowledged "
+                              "the replication stream.", labels=["replica"])
+    offset = int(info.get("master_repl_offset", 0))
+    for name, value in sorted(info.items()):
+        if name.startswith("slave") and isinstance(value, dict):
+            replica = f"{value.get('ip')}:{value.get('port')}"
+            lag_bytes.add_metric([replica], float(max(0, offset - int(value.get("offset", 0)))))
+            lag_s.add_metric([replica], float(value.get("lag", 0)))
+    yield lag_bytes
+    yield lag_s
+
+
 class RedisCollector(Collector):
     """Reads the shared state on every scrape. A Redis that is down makes the scrape fail
     (prometheus-client answers 500), so ``up`` stays 1 but the series go stale: alert on absence."""
 
-    def __init__(self, redis: Any, queues: list[str]) -> None:
+    def __init__(self, redis: Any, queues: list[str], rs: RedisSettings | None = None) -> None:
         self.redis = redis
         self.queues = queues
+        self.rs = rs
 
     def collect(self) -> Iterator[Metric]:
         r = self.redis
@@ -93,6 +140,7 @@ class RedisCollector(Collector):
                                 "ocrq reprocess).", value=failed)
         yield jobs
         yield from redis_memory_families(r, "broker")
+        yield from replication_families(r, self.rs)
         workers = GaugeMetricFamily("ocrq_worker", "Governor and engine-loop state of each live worker.",
                                     labels=["worker", "field"])
         for key in sorted(r.scan_iter(keys.worker_state("*"), count=200)):
@@ -108,10 +156,11 @@ class RedisCollector(Collector):
         yield workers
 
 
-def serve(redis: Any, queues: list[str], host: str, port: int) -> None:
-    """Serve the exporter until the process is stopped."""
+def serve(redis: Any, queues: list[str], host: str, port: int, rs: RedisSettings | None = None) -> None:
+    """Serve the exporter until the process is stopped (``rs``: the settings, for Sentinel's
+    view of the master)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisCollector(redis, queues))
+    registry.register(RedisCollector(redis, queues, rs))
     server, thread = start_http_server(port, addr=host, registry=registry)
     log.info("serving metrics on http://%s:%d/metrics", host, port)
     try:

@@ -84,7 +84,9 @@ class Parts:
                 lines = [ImageResult.model_validate_json(ln) for ln in data.splitlines() if ln.strip()]
                 self.sizes[path] = len(lines)
                 self._parsed[path] = {r.record.id: (n, r) for n, r in enumerate(lines)}
-                while len(self._parsed) > self.keep:
+                # never evict what this call loads: a batch of small chunks' images spans more
+                # parts than ``keep`` (512 images of 4-image chunks: 128 parts)
+                while len(self._parsed) > max(self.keep, len(wanted)):
                     self._parsed.popitem(last=False)
 
     def find(self, path: str, image_id: str) -> tuple[int, ImageResult] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from ocrq.redis_conn import celery_options
 from ocrq.settings import Settings
 from ocrq.transport import install as install_transport
 
@@ -46,8 +47,11 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
             # 0..9 priority levels; Redis emulates them with one list per level
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
+            # a Sentinel URL: the master's name, the Sentinels' password and TLS (ocrq.redis_conn)
+            **celery_options(settings.redis),
         },
-        result_backend_transport_options={"visibility_timeout": settings.redis.visibility_timeout},
+        result_backend_transport_options={"visibility_timeout": settings.redis.visibility_timeout,
+                                          **celery_options(settings.redis)},
         # chunk results are tiny summaries; the real results are in the job index and the store
         result_expires=24 * 3600,
     )

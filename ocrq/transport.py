@@ -388,7 +388,8 @@ KOMBU_TESTED = ((5, 7),)
 
 
 def install() -> None:
-    """Make ``redis://`` and ``rediss://`` connections in this process use ocrq's transport."""
+    """Make ``redis://``, ``rediss://`` and ``sentinel://`` connections in this process use ocrq's
+    transport."""
     import kombu
     import kombu.transport as kt
 
@@ -401,3 +402,6 @@ def install() -> None:
         if kt.TRANSPORT_ALIASES.get(scheme) != f"{__name__}:Transport":
             kt.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
             kt._transport_cache.pop(scheme, None)
+    from ocrq.transport_sentinel import install as install_sentinel
+
+    install_sentinel()  # sentinel:// URLs: the same transport on a pool that follows the master

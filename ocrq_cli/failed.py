@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 from ocrq import failed as registry
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.jobs import JobIndex
 from ocrq.parts import document
 from ocrq.settings import Settings, load_settings
@@ -37,7 +37,7 @@ def _settings() -> Settings:
 
 
 def _index(settings: Settings) -> JobIndex:
-    return JobIndex(redis.Redis.from_url(settings.redis.url), settings.redis.job_ttl)
+    return JobIndex(redis_conn.client(settings.redis), settings.redis.job_ttl)
 
 
 def _store(settings: Settings) -> ResultStore:

@@ -69,6 +69,8 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
                                         "from (repeatable; default: limits.allowed_roots, else here)"),
        gpus: str | None = typer.Option(None, help="one worker per GPU: all, or NVML indices/UUIDs like 0,1 "
                                                   "(with a GPU profile, e.g. --config configs/gpu-vllm.yaml)"),
+       ha: bool = typer.Option(False, "--ha", help="a local HA Redis: 3 redis-server + 3 Sentinels "
+                               "(with redis.url naming them: --config configs/ha.yaml)"),
        ) -> None:
     """Start the embedded stack in the background (state under ./var/)."""
     import os
@@ -89,7 +91,7 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
         if note:
             console.print(f"[yellow]{escape(note)}[/]")
     try:
-        status = Stack(settings, allow=allow).up(wait=wait, workers=workers)
+        status = Stack(settings, allow=allow).up(wait=wait, workers=workers, ha=ha)
     except StackConflict as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(code=2) from exc
@@ -190,6 +192,7 @@ def submit(
         raise typer.Exit(code=2)
     if not plan.accepted:
         console.print(f"[yellow]no images in {escape(' '.join(refs))}[/]: job {escape(job)} has nothing to run")
+    from producer.acked import NotReplicated
     from producer.client import BrokerFull
 
     try:
@@ -199,6 +202,9 @@ def submit(
     except BrokerFull as exc:  # the broker's Redis is full: new work waits, running jobs go on
         console.print(f"[red]submission refused[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
+    except NotReplicated as exc:  # written, but not confirmed on the replicas: run it again
+        console.print(f"[red]submission not confirmed[/]: {escape(str(exc))}")
+        raise typer.Exit(code=5) from exc
     except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
@@ -448,11 +454,9 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
 @app.command()
 def governor(reset: bool = typer.Option(False, "--reset", help="delete the snapshots: next starts are cold")) -> None:
     """What workers' VRAM governors learned (one JSON line per snapshot in Redis), or --reset."""
-    import redis
+    from ocrq import keys, redis_conn
 
-    from ocrq import keys
-
-    client = redis.Redis.from_url(_settings().redis.url)
+    client = redis_conn.client(_settings().redis)
     found = sorted(client.scan_iter(keys.governor_profile("*")))
     if reset:
         removed = client.delete(*found) if found else 0
@@ -485,13 +489,12 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
             queues: str | None = typer.Option(None, help="comma-separated queues (default: the configured one)"),
             ) -> None:
     """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
-    import redis
-
+    from ocrq import redis_conn
     from ocrq.metrics import serve
 
     settings = _settings()
-    serve(redis.Redis.from_url(settings.redis.url), queues.split(",") if queues else [settings.queue.name],
-          host, port)
+    serve(redis_conn.client(settings.redis), queues.split(",") if queues else [settings.queue.name],
+          host, port, settings.redis)
 
 
 @model_app.command("make-random")

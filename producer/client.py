@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.errors import RefusedRef, TooLarge
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
@@ -47,6 +47,7 @@ from ocrq.redact import redact_text, redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
+from producer.acked import acknowledged
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: progress(phase, done, total) of a submission: "submitting" (refs recorded, written and fed)
@@ -60,7 +61,7 @@ _SUBMITTING_TTL_S = 600
 class Client:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis.url)
+        self.redis = redis_conn.client(settings.redis)
         self.index = JobIndex(self.redis, settings.redis.job_ttl)
         self._app: Any = None
         self._s3: Any = None
@@ -155,8 +156,10 @@ class Client:
                  queue: str, exports: list[str], republish: bool = False, progress: Progress | None = None) -> Job:
         self.check_room()
         try:
-            return self._record_and_publish(plan, job, task, params, priority, queue, exports, republish,
-                                            progress)
+            # on Sentinel: returns once the replicas hold it, written again after a failover
+            return acknowledged(lambda: self._record_and_publish(plan, job, task, params, priority, queue, exports,
+                                                                 republish, progress),
+                                self.redis, job, self.settings.redis)
         except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
             raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
 

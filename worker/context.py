@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ocrq import keys
+from ocrq import keys, redis_conn
 from ocrq.jobs import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
@@ -162,7 +162,7 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     log.info("engine %s ready in %.1fs: revision %s", engine.name, engine_s, engine.revision)
     probe = NvmlProbe.for_current_device()
     governor = governor_for(settings.batch, engine, probe)
-    client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
+    client = redis_conn.client(settings.redis, health_check_interval=30)
     governor_key = restore_governor(governor, client, settings, engine.revision)
     startup.mark("governor")
     metrics = WorkerMetrics()
@@ -173,7 +173,8 @@ def build_context(settings: Settings, queues: list[str] | None = None,
         on_batch=metrics.observe_batch,
     )
     loop.start()
-    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name])
+    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name],
+                  settings.redis)
     if settings.metrics_port:
         metrics.serve(settings.metrics_addr, settings.metrics_port)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
@@ -192,10 +193,9 @@ def build_context(settings: Settings, queues: list[str] | None = None,
 
 def cache_client(settings: Settings, broker: Any) -> Any:
     """The client of the Redis that holds the hot cache: ``redis.cache_url``, else the broker's."""
-    url = settings.redis.cache_url
-    if not url or url == settings.redis.url:
-        return broker
-    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=5, socket_connect_timeout=5)
+    own = redis_conn.cache_client(settings.redis, health_check_interval=30, socket_timeout=5,
+                                  socket_connect_timeout=5)
+    return broker if own is None else own
 
 
 def profile_of(engine: Engine) -> ModelProfile:

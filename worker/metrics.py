@@ -21,8 +21,9 @@ from prometheus_client.registry import Collector
 
 from ocrq.errors import Permanent, Retryable
 from ocrq.messages import TASKS
-from ocrq.metrics import queue_depth_family, redis_memory_families
+from ocrq.metrics import queue_depth_family, redis_memory_families, replication_families
 from ocrq.results import ImageRecord, ImageStatus
+from ocrq.settings import RedisSettings
 from worker.nvml import MemoryProbe
 from worker.startup import StartupClock
 
@@ -36,8 +37,9 @@ class _LiveCollector(Collector):
     """Series whose truth lives elsewhere, read on each scrape (no copies to keep in step)."""
 
     def __init__(self, state: Callable[[], dict[str, Any]], probe: MemoryProbe, device: str,
-                 redis: Any, queues: list[str]) -> None:
+                 redis: Any, queues: list[str], rs: RedisSettings | None = None) -> None:
         self.state = state
+        self.rs = rs
         self.probe = probe
         self.device = device
         self.redis = redis
@@ -65,6 +67,7 @@ class _LiveCollector(Collector):
         try:
             yield queue_depth_family(self.redis, self.queues)
             yield from redis_memory_families(self.redis, "broker")
+            yield from replication_families(self.redis, self.rs)
         except Exception as exc:  # Redis away: the worker's own series still scrape
             log.debug("queue depth unavailable: %s", exc)
 
@@ -106,8 +109,8 @@ class WorkerMetrics:
         self._server: Any = None
 
     def watch(self, state: Callable[[], dict[str, Any]], probe: MemoryProbe, device: str, redis: Any,
-              queues: list[str]) -> None:
-        self.registry.register(_LiveCollector(state, probe, device, redis, queues))
+              queues: list[str], rs: RedisSettings | None = None) -> None:
+        self.registry.register(_LiveCollector(state, probe, device, redis, queues, rs))
 
     # ---- events -------------------------------------------------------------------------------
 

@@ -18,6 +18,9 @@ exit status 1 on any lost, duplicated or untrue record.
     decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
             RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
             no worker process dies (worker.decode isolates decoding in child processes)
+    failover  the broker on a Sentinel-managed HA Redis (3 servers, 3 Sentinels): its master
+            SIGKILLed twice and demoted by hand once during the job; the producer's submit --wait
+            rides through; work resumes ≤ 30 s after each promotion (bench.chaos.failover)
     security  Redis with a password over TLS end to end, a pickle message, size caps, and a grep
             for credentials and presigned signatures in logs, Redis, Flower and the results
             (bench.chaos.security; 300 images in --quick)
@@ -49,6 +52,7 @@ import boto3
 import redis
 
 from bench.chaos.delays import KILL_DELAY_P99_MAX_S, KillDelays, kill_delays
+from bench.chaos.failover import run_failover
 from bench.chaos.poison import poison_special
 from bench.chaos.security import run_security
 from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
@@ -382,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
             run = run_scenario(env, name, n, sim, fault, timeout_s=max(300.0, n * 0.5),
                                special=specials.get(name))
             runs.append(run)
+            report(run)
+        if not args.only or "failover" in args.only:
+            outcome, wall, notes = run_failover(env, n, {"image_latency_s": 0.01}, worker_env, client_for,
+                                                timeout_s=max(300.0, n * 0.5))
+            runs.append(run := Run("failover", outcome, wall, notes))
             report(run)
     finally:
         server.stop()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from producer.client import Client
-from tests.conftest import _need, free_port
+from tests.conftest import _need, _redis_binary, free_port
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env
 
@@ -96,6 +96,11 @@ def test_dashboard_and_alerts_have_data(redis_url, start_worker, tmp_path):
          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )
+    # a replica of the test's Redis, so the replication series the HA alerts read have data
+    replica = subprocess.Popen([_redis_binary() or "redis-server", "--port", str(free_port()), "--bind", "127.0.0.1",
+                                "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                                "--replicaof", "127.0.0.1", str(urllib.parse.urlparse(redis_url).port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # Given a scraped worker that ran a job twice (the second run is all cache hits)
         client = Client(settings_for(redis_url, tmp_path / "store", limits={"allowed_roots": [tmp_path]}))
@@ -124,7 +129,8 @@ def test_dashboard_and_alerts_have_data(redis_url, start_worker, tmp_path):
         rules = yaml.safe_load((OPS / "alerts.yml").read_text())
         alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
         assert {a["alert"] for a in alerts} >= {"OcrqBacklogStalled", "OcrqOOMRate", "OcrqFailureRatio",
-                                                  "OcrqWorkerDown", "OcrqCacheHitRatioCollapse"}
+                                                  "OcrqWorkerDown", "OcrqCacheHitRatioCollapse", "OcrqRedisFailover",
+                                                  "OcrqRedisReplicationLag", "OcrqRedisNoReplica"}
         for alert in alerts:
             _query(prom_port, alert["expr"])  # evaluates (firing or not)
             read = {m.group(0) for m in SERIES.finditer(alert["expr"])}
@@ -151,6 +157,8 @@ def test_dashboard_and_alerts_have_data(redis_url, start_worker, tmp_path):
             costs["prom-a"]["gpu_seconds"] / 3600 * 3.6 / 4 * 1000, rel=1e-3)
         assert costs["prom-b"]["gpu_seconds"] == 0 and costs["prom-b"]["done"] == 4
     finally:
+        replica.terminate()
+        replica.wait(15)
         prom.terminate()
         prom.wait(15)
         print("--- prometheus.log (tail) ---\n" + (tmp_path / "prometheus.log").read_text()[-2000:])

@@ -152,7 +152,7 @@ def _up_gpus_all(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
     """`ocrq up --gpus all` against a fake stack that starts no processes; what it was handed."""
     seen: list[Any] = []
 
-    def fake_up(self: Any, wait: float = 0, workers: Any = None) -> dict[str, str]:
+    def fake_up(self: Any, wait: float = 0, workers: Any = None, ha: bool = False) -> dict[str, str]:
         seen.extend(workers or [])
         return {}
 

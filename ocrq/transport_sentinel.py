@@ -1,0 +1,55 @@
+"""ocrq's broker transport (ocrq.transport) on a Sentinel URL: the same atomic take-and-record, on
+a pool that follows the master.
+
+Kombu's own Sentinel transport builds its pool from redis-py's ``SentinelManagedConnection``;
+Celery on it fails over badly: a demoted master's ``READONLY`` reply is a ``ResponseError``, fatal
+to the consumer (celery#7946), and the channel's BRPOP connection keeps waiting on the old server.
+Here the pool's connections are ``ocrq.redis_conn.FollowingConnection``: each connect asks the
+Sentinels for the master, and a reply that says "not the master" is a ``ConnectionError``, the
+kind of error kombu and Celery answer by reconnecting. The pool is dropped with the connection
+(kombu's ``_disconnect_pools``), so a reconnect starts from what the Sentinels say now.
+
+``install()`` (called by ``ocrq.transport.install``) points kombu's ``sentinel`` alias here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import redis as kredis
+
+from ocrq import redis_conn
+from ocrq import transport as base
+
+
+class Channel(base.Channel, kredis.SentinelChannel):
+    """ocrq's channel (claim script, wake-up tokens, delivery-scoped acks) on a Sentinel pool."""
+
+    connection_class = redis_conn.FollowingConnection
+    # redis-py's SentinelManagedSSLConnection, as kombu's own is (kombu types it as its class)
+    connection_class_ssl = redis_conn.FollowingSSLConnection  # type: ignore[assignment]
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        pool = super()._sentinel_managed_pool(asynchronous)
+        # kombu's pool uses redis-py's SentinelManagedConnection: use the following kind
+        pool.connection_class = (redis_conn.FollowingSSLConnection
+                                 if issubclass(pool.connection_class, kredis.SentinelManagedSSLConnection)
+                                 else redis_conn.FollowingConnection)
+        # no retry inside redis-py: a connection error goes to kombu, which reconnects the channel
+        # (and asks Sentinel again). redis-py's retry reconnects a PUBSUB connection in place and
+        # then blocks the worker's event loop reading the fresh socket (the consumer stops)
+        pool.connection_kwargs["retry"] = redis_conn.no_retry()
+        return pool
+
+
+class Transport(kredis.SentinelTransport):
+    Channel = Channel
+
+
+def install() -> None:
+    """Make ``sentinel://`` connections in this process use this transport."""
+    import kombu.transport as kt
+
+    if kt.TRANSPORT_ALIASES.get("sentinel") != f"{__name__}:Transport":
+        kt.TRANSPORT_ALIASES["sentinel"] = f"{__name__}:Transport"
+        kt._transport_cache.pop("sentinel", None)

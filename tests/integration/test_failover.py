@@ -1,0 +1,218 @@
+"""Redis failover under load: three real redis-server and three Sentinels (ocrq.ha_redis), real
+`ocrq worker` processes on the Sentinel URL, the producer's client on it too.
+
+- a master killed (SIGKILL) mid-job: Sentinel promotes a replica, the workers follow it (a plain
+  reconnect goes back to the dead address: celery#6348), every image ends final, none twice;
+- a master demoted while workers hold connections to it: it answers READONLY (celery#7946) and
+  the workers move to the new master;
+- after either, a second job is consumed (workers that stopped consuming after a reconnect:
+  celery#8030);
+- redis-py's own Sentinel connection, as kombu and Celery use it, keeps writing to the demoted
+  master's address after a retry: what ``FollowingConnection`` fixes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.sentinel import Sentinel
+
+from ocrq import redis_conn
+from ocrq.ha_redis import HaRedis
+from ocrq.settings import RedisSettings
+from ocrq.stack import stop_group, wait_worker_state
+from producer.client import Client
+from tests.conftest import _need, _redis_binary, free_port
+from tests.fixtures.images import word_images
+from tests.integration.conftest import settings_for, worker_env
+
+pytestmark = pytest.mark.integration
+
+#: ocrq's target for a failover: work resumes within this many seconds of a promotion
+RESUME_MAX_S = 30.0
+
+
+@pytest.fixture()
+def ha(tmp_path: Path) -> Iterator[HaRedis]:
+    binary = _redis_binary()
+    if not binary:
+        _need("redis-server")
+    server = HaRedis(str(binary), tmp_path / "ha", data_ports=(free_port(), free_port(), free_port()),
+                     sentinel_ports=(free_port(), free_port(), free_port()))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def ha_workers(ha: HaRedis, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(name: str, **extra: str) -> subprocess.Popen[bytes]:
+        env = worker_env(ha.url, tmp_path / "store", [tmp_path], OCRQ_ENGINE__KIND="simulated",
+                         OCRQ_ENGINE__EXTRA=json.dumps({"image_latency_s": 0.01}), OCRQ_BATCH__MODE="auto",
+                         OCRQ_QUEUE__CHUNK_SIZE="4", OCRQ_REDIS__DEAD_WORKER_S="6",
+                         OCRQ_REDIS__REAPER_INTERVAL_S="2", OCRQ_METRICS_PORT="0", **extra)
+        log = tmp_path / f"worker-{name}.log"
+        proc = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "worker", "--concurrency", "2",
+                                 "--name", f"{name}@%h"], env=env, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append((proc, log))
+        wait_worker_state(ha.url, f"{name}@{socket.gethostname()}", 300, lambda: proc.poll() is None,
+                          lambda: "\n" + log.read_text()[-4000:], RedisSettings(url=ha.url))
+        return proc
+
+    yield start
+    for proc, log in procs:
+        stop_group(proc, 30)
+        print(f"--- {log.name} (tail) ---\n" + log.read_text(errors="replace")[-3000:])
+
+
+def _client(ha: HaRedis, tmp_path: Path) -> Client:
+    return Client(settings_for(ha.url, tmp_path / "store", limits={"allowed_roots": [tmp_path]},
+                               queue={"chunk_size": 4}))
+
+
+def _final(counts: dict[str, int]) -> int:
+    return counts["done"] + counts["failed"]
+
+
+def _ride(job: Any, event: Callable[[], float], at: int, timeout: float = 240) -> tuple[dict[str, int], float]:
+    """Wait for ``job`` while calling ``event`` once ``at`` images are final; ``event`` returns the
+    monotonic time of the promotion. Returns the final counts and the seconds from the promotion
+    to the first image finished after it."""
+    deadline = time.monotonic() + timeout
+    promoted: float | None = None
+    resumed: float | None = None
+    final_then = 0
+    while time.monotonic() < deadline:
+        counts = job.status()
+        if promoted is None and _final(counts) >= at:
+            promoted = event()
+            final_then = _final(job.status())
+        elif promoted is not None and resumed is None and _final(counts) > final_then:
+            resumed = time.monotonic() - promoted
+        if _final(counts) >= counts["total"]:
+            assert promoted is not None, "the job ended before the failover"
+            return counts, resumed if resumed is not None else 0.0
+        time.sleep(0.1)
+    raise AssertionError(f"job {job.name} not final after {timeout:.0f}s: {job.status()}")
+
+
+def _check_job(job: Any, n: int) -> None:
+    counts = job.status()
+    assert counts["total"] == n and counts["done"] == n and counts["failed"] == 0, counts
+    job.wait_export(timeout=60)  # read once the job is exported and archived: its results index
+    ids = [r.record.id for r in job.results()]
+    assert len(ids) == n and len(set(ids)) == n  # every image once: none lost, none twice
+
+
+def test_a_master_killed_mid_job_loses_no_image(ha, ha_workers, tmp_path):
+    # Given two workers on the Sentinel URL and a job of 400 images
+    word_images(tmp_path / "in", 400)
+    ha_workers("w1")
+    ha_workers("w2")
+    client = _client(ha, tmp_path)
+    job = client.submit([str(tmp_path / "in")], job="killed")
+
+    # When the master is SIGKILLed a quarter of the way through
+    def kill() -> float:
+        old = ha.master_port()
+        assert old is not None
+        ha.kill(ha.data_ports.index(old))
+        ha.wait_failover(old)
+        promoted = time.monotonic()
+        ha.restart(ha.data_ports.index(old))  # back as a replica of the new master
+        return promoted
+
+    counts, resumed = _ride(job, kill, at=100)
+    print(f"killed master: work resumed {resumed:.1f} s after the promotion")
+    # Then every image is done exactly once, and work resumed soon after the promotion
+    _check_job(job, 400)
+    assert resumed <= RESUME_MAX_S, resumed
+    # and the workers keep consuming: a second job after the reconnect (celery#8030)
+    word_images(tmp_path / "in2", 40, seed=1)
+    second = client.submit([str(tmp_path / "in2")], job="after-kill")
+    second.wait(timeout=120)
+    _check_job(second, 40)
+
+
+def test_a_demoted_master_answering_readonly_is_left_for_the_new_one(ha, ha_workers, tmp_path):
+    # Given a worker holding connections to the master, and a job running
+    word_images(tmp_path / "in", 200)
+    ha_workers("w1")
+    client = _client(ha, tmp_path)
+    job = client.submit([str(tmp_path / "in")], job="demoted")
+    old = ha.master_port()
+
+    # When Sentinel demotes the master (it stays up, a replica now: READONLY to every write)
+    def demote() -> float:
+        ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
+        ha.wait_failover(old or 0)
+        return time.monotonic()
+
+    counts, resumed = _ride(job, demote, at=50)
+    print(f"demoted master: work resumed {resumed:.1f} s after the promotion")
+    # Then the old master is a replica, the job finished on the new one, nothing lost or doubled
+    assert ha.server(ha.data_ports.index(old or 0)).info("replication")["role"] == "slave"
+    _check_job(job, 200)
+    assert resumed <= RESUME_MAX_S, resumed
+    # and a second job is consumed after the reconnect
+    word_images(tmp_path / "in2", 40, seed=1)
+    second = client.submit([str(tmp_path / "in2")], job="after-demotion")
+    second.wait(timeout=120)
+    _check_job(second, 40)
+
+
+def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes_back(ha):
+    # Given a connection of redis-py's Sentinel pool (as kombu and Celery build it) and one of
+    # ocrq's, both connected to the master
+    stock_pool = Sentinel([("127.0.0.1", p) for p in ha.sentinel_ports]).master_for(ha.master_name).connection_pool
+    ours_pool = redis_conn.client(RedisSettings(url=ha.url)).connection_pool
+    stock, ours = stock_pool.get_connection(), ours_pool.get_connection()
+    old = ha.master_port()
+    before = _series(ha)
+    assert before["ocrq_redis_master"][0][0]["address"] == f"127.0.0.1:{old}"
+    assert before["ocrq_redis_connected_replicas"][0][1] == 2 and before["ocrq_redis_sentinel"][0][1] == 1
+    assert (stock.port, ours.port) == (old, old)
+    # When Sentinel demotes the master (still up: a replica answering READONLY) and both
+    # connections drop
+    ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
+    ha.wait_failover(old or 0)
+    demoted = ha.server(ha.data_ports.index(old or 0))
+    deadline = time.monotonic() + 30
+    while demoted.info("replication")["role"] != "slave" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stock.disconnect()
+    ours.disconnect()
+    # Then sending a write reconnects ocrq's to the new master ...
+    ours.send_command("SET", "k", "ours")
+    assert ours.read_response() == b"OK" and ours.port == ha.master_port() != old
+    # ... and redis-py's to the address it had: the demoted master, READONLY (celery#7946)
+    stock.send_command("SET", "k", "stock")
+    with pytest.raises(redis.RedisError, match="slave|replica|READONLY"):
+        stock.read_response()
+    assert stock.port == old
+    # and `ocrq metrics` shows the new master, Sentinel's epoch one higher, the replicas' lag
+    after = _series(ha)
+    assert after["ocrq_redis_master"][0][0]["address"] == f"127.0.0.1:{ha.master_port()}"
+    assert after["ocrq_redis_config_epoch"][0][1] == before["ocrq_redis_config_epoch"][0][1] + 1
+    assert {labels["replica"] for labels, _ in after["ocrq_redis_replica_lag_bytes"]}
+
+
+def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The replication series `ocrq metrics` serves for this HA Redis."""
+    from ocrq.metrics import replication_families
+
+    rs = RedisSettings(url=ha.url)
+    return {fam.name: [(s.labels, s.value) for s in fam.samples]
+            for fam in replication_families(redis_conn.client(rs), rs)}
