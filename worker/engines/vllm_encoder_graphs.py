@@ -37,8 +37,6 @@ import math
 from itertools import accumulate
 from typing import Any
 
-#: vLLM releases whose hunyuan_vision tower and encoder-graph manager this mirrors
-VERSIONS = ("0.26.",)
 _PATCHED_ATTR = "__ocrq_encoder_graphs__"
 #: patches a graph holds per output token of its budget (a page's output ≥ its patches / 4)
 PATCHES_PER_TOKEN = 4
@@ -77,18 +75,18 @@ def compilation_config(max_pixels: int, max_model_len: int) -> dict[str, Any]:
             "encoder_cudagraph_max_vision_items_per_batch": 1}
 
 
-def install(version: str) -> bool:
-    """Give vLLM's HunyuanVL model the encoder-graph protocol (idempotent)."""
-    if not version.startswith(VERSIONS):
-        return False
-    from vllm.model_executor.models import hunyuan_vision as hv
+def install() -> bool:
+    """Give vLLM's native HunyuanVL model the encoder-graph protocol (idempotent). Applied where
+    ``vllm_compat`` lists it: releases with the native model (0.26), whose tower and encoder-graph
+    manager this mirrors."""
+    from worker.engines import vllm_compat
 
-    model = hv.HunYuanVLForConditionalGeneration
+    model = vllm_compat.hunyuan_vision().HunYuanVLForConditionalGeneration
     if getattr(model, _PATCHED_ATTR, False):
         return True
     for name, fn in _METHODS.items():
         setattr(model, name, fn)
-    model.supports_encoder_cudagraph = True  # type: ignore[attr-defined]
+    model.supports_encoder_cudagraph = True
     setattr(model, _PATCHED_ATTR, True)
     return True
 

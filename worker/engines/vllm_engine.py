@@ -1,4 +1,5 @@
-"""HunyuanOCR on an in-process ``vllm.LLM`` (vLLM's Transformers backend + ocrq's vLLM plugin).
+"""HunyuanOCR on an in-process ``vllm.LLM`` plus ocrq's vLLM plugin (vLLM 0.26's native HunyuanVL
+model; 0.32+ serve it through the Transformers backend: ``vllm_compat``).
 
 One micro-batch = one chat request per image (each with its own task and prompt), handed to the
 engine together so vLLM's continuous batching interleaves them. We drive ``LLMEngine.step()``
@@ -29,7 +30,7 @@ from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import ModelProfile
-from worker.engines import hunyuan, vllm_vision
+from worker.engines import hunyuan, vllm_compat, vllm_vision
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead, one_torch_thread
@@ -345,8 +346,7 @@ class VllmEngine:
                 by, engine_input = future.result()
                 # rendered for an engine since torn down (or before the first build): again, now
                 inputs[i] = engine_input if by is llm else self._render(llm, batch[i])
-            # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
-            except (ValueError, TypeError, KeyError, OSError) as exc:
+            except vllm_compat.client_errors() as exc:  # vLLM's refusal of this request
                 errors[i] = admission_error(batch[i], exc, self.settings.max_model_len)  # this image only
         mine: dict[str, Gen] = {}
         t0 = time.perf_counter()
@@ -399,5 +399,5 @@ class VllmEngine:
         as the OpenAI server), i.e. token ids plus processed multimodal inputs."""
         image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
         messages = image_messages(request, self.version, {"type": "image_pil", "image_pil": image})
-        (engine_input,) = llm._preprocess_chat([messages])  # vLLM 0.32: LLM.chat's own renderer
+        (engine_input,) = llm._preprocess_chat([messages])  # LLM.chat's own renderer (0.26 and 0.32)
         return engine_input

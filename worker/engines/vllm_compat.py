@@ -1,0 +1,142 @@
+"""What differs between the vLLM releases ocrq supports, in one place.
+
+ocrq runs HunyuanOCR on two generations of vLLM:
+
+- **0.26** (the pin; the newest CUDA wheel for torch 2.11): a *native* HunyuanVL model,
+  ``vllm/model_executor/models/hunyuan_vision.py``. The plugin fixes its prompt replacement
+  (``image_boundary``) and, on the CPU build, its rotary kernel (``xdrope_cpu``); the opt-in tower
+  paths (``vision_groups``, ``encoder_graphs``) patch that native tower.
+- **0.32 / 0.33** (the newest CPU and CUDA releases; vLLM PR #53615 moved HunyuanVL to the
+  Transformers modeling backend): config, processor and model come from
+  ``transformers/models/hunyuan_vl``. The plugin registers transformers' PIL image processor where
+  torchvision is absent (``pil_processor``), makes the patch merger's output contiguous for the CPU
+  build's oneDNN matmul (``contiguous_merger``) and splits the vision output per image by the
+  tokens the encoder emits (``split_fix``).
+
+A *family* is a release line and a device kind; ``FIXES`` says which plugin fixes apply to each.
+A family missing from the table gets no fix and a warning. The names that moved between releases
+(the native model module, the serve command's argument parser, the client error type) are
+imported here only: ``tests/unit/test_vllm_compat.py`` holds every other module to that.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+#: fixes each family needs, and whether that family ran the vllm test tier with them
+FIXES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("0.26", "cpu"): ("image_boundary", "xdrope_cpu"),
+    ("0.26", "cuda"): ("image_boundary",),
+    ("0.32", "cpu"): ("pil_processor", "contiguous_merger", "split_fix"),
+    # not run: no GPU with torch 2.14 was at hand; the split bug is in the shared Transformers
+    # backend code, the other two are CPU-build conditions
+    ("0.33", "cuda"): ("split_fix",),
+}
+#: families the vllm tier (CPU) or the GPU tests (H200) ran on with the fixes above
+VERIFIED = frozenset({("0.26", "cpu"), ("0.26", "cuda"), ("0.32", "cpu")})
+#: releases that serve HunyuanVL with vLLM's native model (the opt-in tower paths patch it)
+NATIVE_RELEASES = ("0.26",)
+#: opt-in paths over the native model's vision tower (not bug fixes)
+NATIVE_PATHS = ("vision_groups", "encoder_graphs")
+
+
+@dataclass(frozen=True)
+class Family:
+    """The installed vLLM: its version, release line ("0.26") and device kind ("cpu", "cuda")."""
+
+    version: str
+    device: str
+
+    @property
+    def release(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.release, self.device)
+
+    @property
+    def native_model(self) -> bool:
+        """HunyuanVL through vLLM's own model file, not the Transformers backend."""
+        return self.release in NATIVE_RELEASES
+
+    @property
+    def known(self) -> bool:
+        return self.key in FIXES
+
+    @property
+    def verified(self) -> bool:
+        return self.key in VERIFIED
+
+    def fixes(self) -> tuple[str, ...]:
+        """The plugin entries this family gets: its fixes, then the native tower paths."""
+        return FIXES.get(self.key, ()) + (NATIVE_PATHS if self.native_model else ())
+
+    def __str__(self) -> str:
+        return f"vllm {self.version} ({self.device})"
+
+
+def family_of(version: str, cpu: bool) -> Family:
+    return Family(version=str(version).split("+")[0], device="cpu" if cpu else "cuda")
+
+
+@functools.cache
+def family() -> Family:
+    """This process's vLLM (imports vllm)."""
+    import vllm
+    from vllm.platforms import current_platform
+
+    return family_of(str(vllm.__version__), bool(current_platform.is_cpu()))
+
+
+# --- names that moved --------------------------------------------------------------------------
+
+
+def hunyuan_vision() -> ModuleType:
+    """vLLM's native HunyuanVL model module (0.26; gone once the Transformers backend serves it)."""
+    if not family().native_model:
+        raise RuntimeError(f"{family()} has no native HunyuanVL model (Transformers backend)")
+    import importlib
+
+    return importlib.import_module("vllm.model_executor.models.hunyuan_vision")
+
+
+def transformers_backend() -> type[Any]:
+    """vLLM's Transformers-backend class for multimodal models (0.32+ serves HunyuanVL with it)."""
+    from vllm.model_executor.models.transformers.multimodal import MultiModalMixin
+
+    return MultiModalMixin
+
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for one request it will not take (validation, a prompt over
+    ``max_model_len``, a processor error): that request fails alone, the engine lives on. 0.26's
+    ``VLLMValidationError`` is a ``ValueError``; from 0.32 the request errors derive from
+    ``VLLMClientError``, no longer a ``ValueError``."""
+    import vllm.exceptions
+
+    base: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError, OSError)
+    client = getattr(vllm.exceptions, "VLLMClientError", None)  # 0.32+
+    return base if client is None else (*base, client)
+
+
+def serve_parser() -> tuple[Any, Any]:
+    """(make_arg_parser, validate_parsed_serve_args) of vLLM's serve command: in
+    ``vllm.entrypoints.openai.cli_args`` up to 0.26, ``vllm.entrypoints.launchers.cli_args`` after."""
+    import importlib
+
+    try:
+        cli_args = importlib.import_module("vllm.entrypoints.launchers.cli_args")
+    except ImportError:
+        cli_args = importlib.import_module("vllm.entrypoints.openai.cli_args")
+    return cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
+
+
+def engine_dead_error() -> type[BaseException]:
+    """The exception a dead engine core raises into ``LLMEngine.step()``."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return EngineDeadError
