@@ -143,11 +143,12 @@ def _pil_processor() -> bool:
 
     if importlib.util.find_spec("torchvision") is not None:
         return False  # transformers hands out its own processor
-    from transformers import AutoImageProcessor, HunYuanVLConfig
+    from transformers import HunYuanVLConfig
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING
     from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
 
-    AutoImageProcessor.register(HunYuanVLConfig, image_processor_classes={"pil": HunYuanVLImageProcessorPil},
-                                exist_ok=True)
+    # the mapping itself: ``AutoImageProcessor.register`` merges in the unimportable torchvision entry
+    IMAGE_PROCESSOR_MAPPING.register(HunYuanVLConfig, {"pil": HunYuanVLImageProcessorPil}, exist_ok=True)
     return True
 
 
