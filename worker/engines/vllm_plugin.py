@@ -32,8 +32,8 @@ vLLM 0.32+ (HunyuanVL through the Transformers modeling backend, ``transformers/
    PIL class is marked as needing it too), so vLLM cannot build the processor and the engine does
    not start. The PIL class works without torchvision: we register it for ``HunYuanVLConfig``.
 6. ``contiguous_merger`` (CPU build): the patch merger feeds its ``mlp`` a permuted, non-contiguous
-   tensor; vLLM's CPU linear layer (``onednn_mm``) requires ``stride(-1) == 1`` and the engine's
-   start-up profile run fails (``Expected a.stride(-1) == 1``). The ``mlp`` gets its input
+   tensor; vLLM's CPU linear layer (``onednn_mm``) requires ``stride(-1) == 1``, so the first image
+   request kills the engine core (``Expected a.stride(-1) == 1``). The ``mlp`` gets its input
    contiguous.
 7. ``split_fix``: the Transformers backend splits the vision output, all images of an encoder
    batch concatenated, by each image's raw patch count (grid_h·grid_w) instead of the tokens the
