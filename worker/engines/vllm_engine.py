@@ -1,5 +1,4 @@
-"""HunyuanOCR on an in-process ``vllm.LLM`` plus ocrq's vLLM plugin (vLLM 0.26's native HunyuanVL
-model; 0.32+ serve it through the Transformers backend: ``vllm_compat``).
+"""HunyuanOCR on an in-process ``vllm.LLM`` + ocrq's vLLM plugin (0.26: native model; 0.32+: Transformers backend).
 
 One micro-batch = one chat request per image (each with its own task and prompt), handed to the
 engine together so vLLM's continuous batching interleaves them. We drive ``LLMEngine.step()``
@@ -160,7 +159,9 @@ class VllmEngine:
         import torch
 
         graphs = compilation_config(s, torch.cuda.is_available())
-        if graphs:
+        if graphs and not vllm_compat.family().native_model:  # the graphs patch 0.26's native tower
+            log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", vllm_compat.family())
+        elif graphs:
             args["compilation_config"] = graphs
         args.update(dict(s.extra.get("vllm", {})))
         return args

@@ -148,7 +148,8 @@ def _pil_processor() -> bool:
     from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
 
     # the mapping itself: ``AutoImageProcessor.register`` merges in the unimportable torchvision entry
-    IMAGE_PROCESSOR_MAPPING.register(HunYuanVLConfig, {"pil": HunYuanVLImageProcessorPil}, exist_ok=True)
+    mapping: Any = IMAGE_PROCESSOR_MAPPING  # transformers 5.19's form: {backend: class}
+    mapping.register(HunYuanVLConfig, {"pil": HunYuanVLImageProcessorPil}, exist_ok=True)
     return True
 
 
