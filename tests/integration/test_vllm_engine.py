@@ -34,6 +34,7 @@ from tests.integration.vllm_support import (
     engine_settings,
     flask_proxies_bound,
     make_images,
+    needs_fix,
     requests_for,
     require_vllm,
     tiny_checkpoint,
@@ -50,17 +51,6 @@ def _on_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
-
-
-def _family() -> Any:
-    from worker.engines import vllm_compat
-
-    return vllm_compat.family()
-
-
-def _needs_fix(name: str) -> None:
-    if name not in _family().fixes():
-        pytest.skip(f"{_family()} does not get the {name} entry (vllm_compat.FIXES)")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +91,7 @@ def engine(checkpoint: Path, reference: list[Any]) -> Iterator[Any]:
 def test_plugin_fixes_are_applied(engine: Any) -> None:
     from worker.engines import vllm_compat, vllm_plugin
 
-    family = _family()
+    family = vllm_compat.family()
     assert family.verified, family  # a vLLM the tier was not run on: add it to vllm_compat first
     expected = {("0.26", "cpu"): {"image_boundary", "xdrope_cpu", "vision_groups", "encoder_graphs"},
                 ("0.26", "cuda"): {"image_boundary", "vision_groups", "encoder_graphs"},
@@ -130,7 +120,7 @@ def test_without_the_boundary_fix_the_first_request_kills_the_engine(engine: Any
     engine is dropped, the failure typed, and the next call (fix back on) rebuilds it."""
     from worker.engines import vllm_plugin
 
-    _needs_fix("image_boundary")
+    needs_fix("image_boundary")
     vllm_plugin.boundary_fix.enabled = False
     try:
         with pytest.raises(EngineCrashed, match="IndexError"):
@@ -150,7 +140,7 @@ def test_without_the_split_fix_pages_of_one_encoder_batch_get_each_others_embedd
     the page alone and has its token count."""
     from worker.engines.vllm_encoder_graphs import page_tokens
 
-    _needs_fix("split_fix")
+    needs_fix("split_fix")
     grids = [[1, 4, 6], [1, 8, 8], [1, 6, 10]]
     fixed = engine._llm.collective_rpc(vision_embeddings, args=(grids, True))[0]
     unfixed = engine._llm.collective_rpc(vision_embeddings, args=(grids, False))[0]
@@ -245,7 +235,7 @@ def test_the_vision_tower_on_groups_of_pages_gives_each_page_its_own_logprobs(
     cached would skip the tower) and that pages really shared a group."""
     from worker.engines import vllm_vision
 
-    _needs_fix("vision_groups")
+    needs_fix("vision_groups")
     reqs = requests_for(make_images(4))
     monkeypatch.setenv(vllm_vision.ENV, "0")
     plain = vllm_vision.stats["plain"]
@@ -272,7 +262,7 @@ def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, mon
 
     from worker.engines import vllm_vision
 
-    _needs_fix("vision_groups")
+    needs_fix("vision_groups")
     grids = [[1, 4, 6], [1, 8, 8], [1, 2, 4]]
 
     def tower_outputs(worker: Any) -> list[Any]:
@@ -310,7 +300,7 @@ def test_the_vision_towers_cuda_graph_path_computes_what_vllms_loop_does(
     their own) move the output far past that, so the comparison can see such a leak."""
     from worker.engines import vllm_encoder_graphs, vllm_vision
 
-    _needs_fix("encoder_graphs")
+    needs_fix("encoder_graphs")
     monkeypatch.setenv(vllm_vision.ENV, "0")
     # tokens 10, 22, 5, 14 fit budgets 16, 24, 8, 16 (one page each); 32 fits none: eager
     grids, budgets = [[1, 4, 6], [1, 8, 8], [1, 2, 4], [1, 6, 6], [1, 10, 10]], [8, 16, 24]

@@ -14,16 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_support import ROOT, require_vllm, tiny_checkpoint, vllm_env
+from tests.integration.vllm_support import ROOT, needs_fix, require_vllm, tiny_checkpoint, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
-
-
-def _needs_fix(name: str) -> None:
-    from worker.engines import vllm_compat
-
-    if name not in vllm_compat.family().fixes():
-        pytest.skip(f"{vllm_compat.family()} does not get the {name} entry (vllm_compat.FIXES)")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def checkpoint(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 def test_without_the_xdrope_cpu_fix_the_process_dies(checkpoint: Path, env: dict[str, str]) -> None:
     """vLLM 0.26's CPU rotary kernel reads XD-RoPE's [4, tokens] positions as 1-D and segfaults
     during the engine's first forward (its start-up profile run)."""
-    _needs_fix("xdrope_cpu")
+    needs_fix("xdrope_cpu")
     import signal
 
     script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings; "
@@ -67,7 +60,7 @@ def test_without_a_transformers_backend_fix_the_engine_does_not_start(
     transformers hands out no image processor for it (the engine does not start), and the patch
     merger's non-contiguous input to its ``mlp`` stops vLLM's CPU matmul on the first image (the
     engine core fails). A subprocess with the fix left out builds an engine and reads one page."""
-    _needs_fix(fix)
+    needs_fix(fix)
     script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings, make_images, "
               "requests_for; from worker.engines.vllm_engine import VllmEngine; "
               f"e = VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')); e.start(); "

