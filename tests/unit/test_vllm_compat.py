@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: vLLM modules whose place or content differs between the supported releases: only vllm_compat
 #: imports them (0.26's native model, the serve parser that moved, the client error type)
 MOVED = ("vllm.model_executor.models.hunyuan_vision", "vllm.model_executor.models.transformers",
-         "vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers", "vllm.exceptions",
-         "vllm.v1.engine.exceptions")
+         "vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers", "vllm.entrypoints.common",
+         "vllm.entrypoints.serve.utils", "vllm.exceptions", "vllm.v1.engine.exceptions")
 
 
 @pytest.mark.parametrize(("version", "cpu", "fixes"), [

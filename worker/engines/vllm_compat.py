@@ -15,8 +15,8 @@ ocrq runs HunyuanOCR on two generations of vLLM:
 
 A *family* is a release line and a device kind; ``FIXES`` says which plugin fixes apply to each.
 A family missing from the table gets no fix and a warning. The names that moved between releases
-(the native model module, the serve command's argument parser, the client error type) are
-imported here only: ``tests/unit/test_vllm_compat.py`` holds every other module to that.
+(the native model module, the serve command's pieces, the client error type) are imported
+here only: ``tests/unit/test_vllm_compat.py`` holds every other module to that.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ FIXES: dict[tuple[str, str], tuple[str, ...]] = {
     ("0.26", "cpu"): ("image_boundary", "xdrope_cpu"),
     ("0.26", "cuda"): ("image_boundary",),
     ("0.32", "cpu"): ("pil_processor", "contiguous_merger", "split_fix"),
-    # not run: no GPU with torch 2.14 was at hand; the split bug is in the shared Transformers
-    # backend code, the other two are CPU-build conditions
+    # not run (no GPU with torch 2.14 at hand); its wheel has 0.32's split code, and the other two
+    # fixes are CPU-build conditions (no torchvision, oneDNN)
     ("0.33", "cuda"): ("split_fix",),
 }
 #: families the vllm tier (CPU) or the GPU tests (H200) ran on with the fixes above
@@ -123,16 +123,29 @@ def client_errors() -> tuple[type[BaseException], ...]:
     return base if client is None else (*base, client)
 
 
-def serve_parser() -> tuple[Any, Any]:
-    """(make_arg_parser, validate_parsed_serve_args) of vLLM's serve command: in
-    ``vllm.entrypoints.openai.cli_args`` up to 0.26, ``vllm.entrypoints.launchers.cli_args`` after."""
+def serve_parts() -> tuple[Any, Any, Any]:
+    """(cli_env_setup, make_arg_parser, validate_parsed_serve_args) of vLLM's serve command. The
+    environment setup: ``vllm.entrypoints.serve.utils.api_utils`` up to 0.32,
+    ``vllm.entrypoints.common.startup`` in 0.33; the parser: ``vllm.entrypoints.openai.cli_args``
+    (0.26), ``vllm.entrypoints.launchers.cli_args`` (0.32), ``vllm.entrypoints.common.cli_args`` (0.33)."""
+    setup = _first_module("vllm.entrypoints.common.startup", "vllm.entrypoints.serve.utils.api_utils",
+                          having="cli_env_setup")
+    cli_args = _first_module("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
+                             "vllm.entrypoints.openai.cli_args", having="make_arg_parser")
+    return setup.cli_env_setup, cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
+
+
+def _first_module(*names: str, having: str) -> ModuleType:
     import importlib
 
-    try:
-        cli_args = importlib.import_module("vllm.entrypoints.launchers.cli_args")
-    except ImportError:
-        cli_args = importlib.import_module("vllm.entrypoints.openai.cli_args")
-    return cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, having):
+            return module
+    raise ImportError(f"none of {', '.join(names)} has {having}: a vLLM this module does not know")
 
 
 def engine_dead_error() -> type[BaseException]:
