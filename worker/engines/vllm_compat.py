@@ -9,8 +9,8 @@ ocrq runs HunyuanOCR on two generations of vLLM:
 - **0.32 / 0.33** (the newest CPU and CUDA releases; vLLM PR #53615 moved HunyuanVL to the
   Transformers modeling backend): config, processor and model come from
   ``transformers/models/hunyuan_vl``. The plugin registers transformers' PIL image processor where
-  torchvision is absent (``pil_processor``), makes the patch merger's output contiguous for the CPU
-  build's oneDNN matmul (``contiguous_merger``) and splits the vision output per image by the
+  torchvision is absent (``pil_processor``), gives the patch merger's ``mlp`` a contiguous input for
+  the CPU build's oneDNN matmul (``contiguous_merger``) and splits the vision output per image by the
   tokens the encoder emits (``split_fix``).
 
 A *family* is a release line and a device kind; ``FIXES`` says which plugin fixes apply to each.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-#: fixes each family needs, and whether that family ran the vllm test tier with them
+#: the plugin fixes each family (release line, device kind) needs
 FIXES: dict[tuple[str, str], tuple[str, ...]] = {
     ("0.26", "cpu"): ("image_boundary", "xdrope_cpu"),
     ("0.26", "cuda"): ("image_boundary",),
