@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels a real `ocrq worker` needs that the lent H200 machines lack (their image has torch,
+# Wheels a real `ocrq worker` needs that the H200 benchmark hosts lack (their image has torch,
 # transformers, pillow, numpy, typer, rich, pyyaml, prometheus-client, nvidia-ml-py, but no Celery,
 # Redis or pydantic). Pinned to this checkout's .venv, for CPython 3.12 on x86-64, into .whl/
 # (ignored through .git/info/exclude), under 64 MiB so one device call can carry it. Used by

@@ -7,7 +7,8 @@ Subcommands (each fits one 10-minute device command; results are JSON files):
 - ``runs``: the mixed workload (≥ 200 images: ~60% 1024×768, 30% 2048×1536, 10% 600×400, one
   shuffled order for every run), exactly 256 new tokens per image (EOS ignored, no repetition
   stop): static batches 1, 4, 8, 16, 32, 64, then the governor (``worker.governor`` +
-  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus the seeds' table shape at 1024×768.
+  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus a batch-size table at 1024×768
+  (batch vs peak vs img/s, the shape public HunyuanOCR deployment guides publish).
 - ``report``: docs/bench/gpu-governor.{json,md,png} from those files.
 
 Memory is capped with ``torch.cuda.set_per_process_memory_fraction(cap / total)``: allocations
@@ -209,7 +210,7 @@ def run_governor(
 
 
 def run_generate(engine: Any, reqs: list[Any], batch: int, min_images: int, budget_s: float) -> dict[str, Any]:
-    """The seeds' setup, as a hand-rolled script runs it: the HF processor on the CPU, then
+    """A hand-rolled script, as public HunyuanOCR examples run the model: the HF processor on the CPU, then
     ``model.generate`` (greedy, repetition penalty, exactly 256 new tokens) on static batches of
     ``batch``, in arrival order. Same checkpoint, cap and images as the other runs."""
     import torch
@@ -434,7 +435,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=40.0, help="static 1/4 stop after this, prefix ≥ 16")
     ap.add_argument("--governor", action="store_true")
     ap.add_argument("--static", default="engine", choices=["engine", "generate"],
-                    help="static rows through the engine, or as the seeds' script (HF processor + generate)")
+                    help="static rows through the engine, or as a hand-rolled script (HF processor + generate)")
     ap.add_argument("--no-seeds", dest="seeds", action="store_false", help="skip the 1024x768 seeds table")
     ap.add_argument("--decode-json", type=Path)
     args = ap.parse_args()

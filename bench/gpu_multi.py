@@ -15,7 +15,7 @@ producer client.
 
 Each job is timed from submit to its last image stored. Result (``--out``):
 ``{"one_gpu_img_s", "two_gpu_img_s", "scaling", "failed", "per_worker_images": [gpu0, gpu1], ...}``
-with the details of both jobs. Targets (issue #13): scaling ≥ 1.9, 0 failed, neither worker above
+with the details of both jobs. Targets: scaling ≥ 1.9, 0 failed, neither worker above
 60% of the images.
 
     python3 -m bench.gpu_multi --out OUT/gpu-multi.json                   # a host with 2 GPUs

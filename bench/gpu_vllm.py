@@ -6,12 +6,15 @@ bench/gpu_governor.py), exactly 256 new tokens each (EOS ignored, no loop stop),
 (``gpu_memory_utilization`` = budget / card). Distinct pixels per image, so vLLM's encoder cache
 cannot reuse one image's embeddings for another. Each row is one process:
 
-    python3 -m bench.gpu_vllm plain  --name vllm-seeds --max-num-seqs 8 --out DIR   # the seeds' setting
+    python3 -m bench.gpu_vllm plain  --name vllm-seeds --max-num-seqs 8 --out DIR   # guides' 24 GB setting
     python3 -m bench.gpu_vllm plain  --name vllm-default --out DIR                  # vLLM's defaults
     python3 -m bench.gpu_vllm worker --name ocrq-vllm --out DIR                     # real worker, Redis, producer
     python3 -m bench.gpu_vllm worker --name ocrq-vllm-server --server --out DIR     # worker + one `vllm serve`
     python3 -m bench.gpu_vllm report --dirs DIR... --transformers gpu_worker.json   # docs/bench/gpu-vllm.*
     # CPU dry run: --size tiny --scale 0.25 --images 12 --tokens 16
+
+``vllm-seeds`` is ``max_num_seqs 8``, the setting that public HunyuanOCR deployment guides recommend for
+24 GB cards.
 
 Every row runs three sets of 200 distinct pages on one built engine: the second (warm) set is the
 row's img/s, the first is kept as ``first_img_per_s``, and in the third a small job joins the large
@@ -289,7 +292,7 @@ def worker(args: argparse.Namespace) -> None:
 
     model, folders, cuda = _setup(args)
     # a row measures a cold store: a row of the same name run earlier on this machine left its
-    # cache there (the twelfth session's second server row answered every page from it)
+    # cache there (a second server row on one machine, 2026-12-02, answered every page from it)
     store = args.work / f"store-{args.name}"
     shutil.rmtree(store, ignore_errors=True)
     port = free_port()

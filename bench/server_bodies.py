@@ -1,9 +1,9 @@
-"""The vllm-server engine's request bodies and the worker's GIL (docs/bench/gpu-vllm.md, eleventh
-session): threads build bodies for noisy pages, as a worker's request pool does, while the main
+"""The vllm-server engine's request bodies and the worker's GIL (docs/bench/gpu-vllm.md,
+2026-12-02): threads build bodies for noisy pages, as a worker's request pool does, while the main
 thread times a fetch-like step (read 8 files, hash them, a little Python), the way a small job's
 fetch waited behind them on the H200. Two ways side by side, alternately, in one run:
 
-- ``json``: the body as the eleventh session's H200 rows sent it (PPM pixels, the standard
+- ``json``: the body as the 2026-12-02 H200 rows (commit c859c01) sent it (PPM pixels, the standard
   library's base64, httpx ``json=``, which walks the base64 in ``json.dumps`` holding the GIL);
 - ``splice``: the engine's way now (pybase64, ``vllm_chat.encode_body``).
 

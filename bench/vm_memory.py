@@ -1,5 +1,5 @@
-"""How fast a machine hands a process fresh memory, first touch against re-touch (the lent GPU
-machines are microVMs whose RAM "starts small and grows as it is used", device/KINDS.md).
+"""How fast a machine hands a process fresh memory, first touch against re-touch (the GPU
+benchmark hosts are microVMs whose RAM starts small and grows as it is used).
 
 A worker's first set of pages allocates host memory the VM has not backed yet (decoded images,
 rendered pixel patches, vLLM's buffers); a later set reuses it. When first touches are much slower,

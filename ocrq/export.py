@@ -29,6 +29,7 @@ from typing import Any
 from ocrq import keys
 from ocrq.feed import submissions
 from ocrq.jobs import JobIndex
+from ocrq.openai_responses import export_to_store
 from ocrq.parts import IndexWriter, Parts, located
 from ocrq.parts import results as results  # re-exported: the readers' entry point
 from ocrq.results import json_line
@@ -59,8 +60,10 @@ def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], 
 
 
 def invalidate(redis: Any, store: ResultStore, job: str) -> None:
-    """The job gets new work: its export is stale (the marker goes first)."""
-    store.delete(keys.export_object(job, keys.EXPORT_SUCCESS))
+    """The job gets new work: its export is stale (the markers go first: its own, and that of its
+    OpenAI Batch files)."""
+    store.delete_many([keys.export_object(job, keys.EXPORT_SUCCESS),
+                       keys.openai_export_object(job, keys.EXPORT_SUCCESS)])
     redis.delete(keys.job_finishing(job))
 
 
@@ -95,6 +98,8 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
             writer.close()
             store.put_file(keys.export_object(job, keys.EXPORT_PARQUET), writer.path,
                            "application/vnd.apache.parquet")
+    if "openai-batch" in meta.get("exports", []):  # a job submitted from an OpenAI Batch file
+        export_to_store(index, store, job)
     # the results index before the marker: a job read through its index is exported whole
     store.put_json(keys.results_index(job), taken.document(parts, subs))
     marker = {"job": job, "exported": True, "lines": lines, "counts": counts, "files": files,

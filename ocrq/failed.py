@@ -37,6 +37,16 @@ class FailedImage:
     def line(self) -> dict[str, Any]:
         return {**self.record.model_dump(mode="json", exclude_none=True), "failed_at": self.failed_at}
 
+    def own_spec(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The task and params it ran with, as ``Item`` fields, where they differ from its job's
+        (``meta``): an OpenAI Batch line's own, which ``ocrq reprocess`` runs it with again."""
+        out: dict[str, Any] = {}
+        if self.task is not None and self.task != meta.get("task", "text"):
+            out["task"] = self.task
+        if self.params is not None and self.params != meta.get("params", {}):
+            out["params"] = self.params
+        return out
+
     def why(self, width: int = 300) -> str:
         """The error in one line: ``Type: message`` (cut at ``width``)."""
         error = self.record.error

@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ocrq import keys
 from ocrq.errors import MissingObject
@@ -54,10 +54,15 @@ from ocrq.transport import captured
 
 log = logging.getLogger("ocrq.feed")
 
+T = TypeVar("T")
+
 #: refs per shard: what one feed step publishes, and what one record call covers
 WINDOW = 4096
 
 Line = tuple[str, str, dict[str, Any] | None]  # image id, ref, manifest row
+#: an image's own task and params ({"task", "params"}: an OpenAI Batch line's), or None (the
+#: submission's); a shard line carries it as a fourth element when set
+Spec = dict[str, Any] | None
 
 # KEYS: feed hash, images hash, counts hash, feeding set. ARGV: cursor field, the shard the caller
 # read, the submission's shard count, job name, n ids, ids..., then (list, ring, message) triples.
@@ -122,11 +127,21 @@ def shard_lines(store: ResultStore, job: str, sub: Submission, window: int) -> l
     """Shard ``window`` of ``sub``: (image id, ref, row) per image it added. A shard counted as
     written and not in the store is ``MissingObject`` (never an empty shard: its images would
     never be sent)."""
+    return [line for line, _ in shard_specs(store, job, sub, window)]
+
+
+def shard_specs(store: ResultStore, job: str, sub: Submission, window: int) -> list[tuple[Line, Spec]]:
+    """``shard_lines`` with each image's own task and params (None: the submission's)."""
     path = keys.refs_shard(job, sub.sub, window)
     data = store.get_many([path], raw=True).get(path)
     if data is None:
         raise MissingObject(f"{store.location}{path}: a written shard of job {job} is not in the store")
-    return [(i, ref, row) for i, ref, row in (json.loads(line) for line in data.splitlines() if line)]
+    out: list[tuple[Line, Spec]] = []
+    for raw in data.splitlines():
+        if raw:
+            i, ref, row, *spec = json.loads(raw)
+            out.append(((i, ref, row), spec[0] if spec else None))
+    return out
 
 
 def submission_id(task: str, params: dict[str, Any], lines: Iterable[str]) -> str:
@@ -138,9 +153,11 @@ def submission_id(task: str, params: dict[str, Any], lines: Iterable[str]) -> st
     return digest.hexdigest()[:16]
 
 
-def shard_bytes(lines: Iterable[Line]) -> bytes:
-    return b"".join(json.dumps([i, ref, row], ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-                    for i, ref, row in lines)
+def shard_bytes(lines: Iterable[Line | tuple[str, str, dict[str, Any] | None, Spec]]) -> bytes:
+    """Shard lines: [image id, ref, row], and the image's spec when it has one."""
+    return b"".join(json.dumps(list(line) if len(line) == 3 or line[3] is not None else list(line[:3]),
+                               ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+                    for line in lines)
 
 
 class Feed:
@@ -213,10 +230,11 @@ class Feed:
         """Publish shard ``window`` of ``sub``: the images still queued and unpublished (or what
         ``only`` accepts of their Redis values), as chunk messages, with the cursor moved in the
         same script (``cursor`` False: no cursor, for ``republish``)."""
-        lines = self.lines(job, sub, window)
-        values = self.index.raw(job, [i for i, _, _ in lines])
+        lines = shard_specs(self.store, job, sub, window)
+        values = self.index.raw(job, [i for (i, _, _), _ in lines])
         want = only or (lambda v: v is not None and v[:1] == b"q")
-        todo = [Item(id=i, ref=ref, row=row) for (i, ref, row), v in zip(lines, values, strict=True) if want(v)]
+        todo = [Item(id=i, ref=ref, row=row, **(spec or {}))
+                for ((i, ref, row), spec), v in zip(lines, values, strict=True) if want(v)]
         with captured() as sink, self.app.producer_or_acquire() as producer:
             envelope = message_bytes(Chunk(job=job, task=sub.task, params=sub.params, items=[]).to_message())
             for part in chunk_groups(todo, self.chunk_size, self.max_message_bytes, overhead=envelope + 64):
@@ -250,10 +268,9 @@ class Feed:
         return sent
 
 
-def read_entries(entries: Iterator[tuple[str, dict[str, Any] | None]], size: int = WINDOW
-                 ) -> Iterator[list[tuple[str, dict[str, Any] | None]]]:
-    """The accepted (ref, row) pairs in windows of ``size``."""
-    window: list[tuple[str, dict[str, Any] | None]] = []
+def read_entries(entries: Iterator[T], size: int = WINDOW) -> Iterator[list[T]]:
+    """The accepted entries ((ref, row) pairs, or (ref, row, spec)) in windows of ``size``."""
+    window: list[T] = []
     for entry in entries:
         window.append(entry)
         if len(window) == size:

@@ -7,7 +7,8 @@ opened: an ``O_PATH`` handle (no device opened, no FIFO waited on), its resolved
 an open cannot point the read outside the roots, and no ``realpath`` walk (an ``lstat`` per path
 component, in Python) is paid per image. Elsewhere: ``realpath``, check, then open.
 
-S3 objects and HTTP(S) URLs are streamed and cut at ``limits.max_bytes``. Missing →
+S3 objects and HTTP(S) URLs are streamed and cut at ``limits.max_bytes``; a ``store:`` ref (an
+inline image ocrq wrote, ``ocrq.inline_images``) is read from the result store, capped the same. Missing →
 MissingObject (a host name that does not exist → HostNotFound), refused → RefusedRef, too big →
 TooLarge, unreachable/5xx/throttled/DNS down → StorageUnavailable (retryable).
 """
@@ -44,9 +45,12 @@ _NO_SUCH_HOST = frozenset(
 _FD_DIR = "/proc/self/fd" if hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd") else None
 
 
-def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> bytes:
-    """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors."""
+def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None, store: Any | None = None) -> bytes:
+    """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors (``store``: the
+    result store, for ``store:`` refs)."""
     parsed = parse(ref, limits, resolve=_FD_DIR is None)
+    if parsed.kind == "store":
+        return _fetch_store(store, parsed, limits.max_bytes)
     if parsed.kind == "local":
         if _FD_DIR is None:
             return _fetch_local(parsed.value, limits.max_bytes)
@@ -58,6 +62,17 @@ def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None) -> byte
             raise RefusedRef(f"no S3 client configured for {ref}")
         return _fetch_s3(s3_client, parsed, limits.max_bytes)
     return _fetch_http(parsed.value, limits)
+
+
+def _fetch_store(store: Any | None, parsed: Ref, cap: int) -> bytes:
+    if store is None:
+        raise RefusedRef(f"no store to read {parsed.value} from")
+    data = store.get_many([parsed.key], raw=True).get(parsed.key)
+    if data is None:
+        raise MissingObject(f"no such inline image in the store: {parsed.value}")
+    if len(data) > cap:
+        raise TooLarge(f"{len(data)} bytes > {cap}: {parsed.value}")
+    return bytes(data)
 
 
 def _read_capped(read: Callable[[int], bytes], cap: int, ref: str,

@@ -143,7 +143,7 @@ def mps_running(environ: Mapping[str, str]) -> bool:
 def sharing_note(settings: Settings, environ: Mapping[str, str]) -> str | None:
     """A warning for engines sharing a GPU without MPS: processes then take turns on the GPU (no
     kernel of one runs beside the other's). On the H200 two engines gave 0.84x of the pair under
-    MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md), itself 1.01x one engine in one lease."""
+    MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md), itself 1.01x one engine on the same machine."""
     per_gpu = settings.engine.engines_per_gpu
     if per_gpu == 1 or mps_running(environ):
         return None

@@ -68,14 +68,31 @@ class IntakePlan:
         text = f"{self.accepted} accepted, {self.skipped} skipped, {self.refused} refused"
         return text + (f" ({self.duplicates} duplicate refs merged)" if self.duplicates else "")
 
+    @classmethod
+    def new(cls) -> IntakePlan:
+        """An empty plan that ``accept`` fills (a submission built line by line, not expanded)."""
+        return cls(_spool=tempfile.TemporaryFile("w+", encoding="utf-8"))  # noqa: SIM115 - owned by the plan
+
+    def accept(self, ref: str, row: dict[str, Any] | None, spec: dict[str, Any] | None = None) -> None:
+        """Add one accepted image; ``spec`` (``{"task", "params"}``): its own, over the submission's."""
+        assert self._spool is not None
+        entry: list[Any] = [ref, row] if spec is None else [ref, row, spec]
+        self._spool.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
+        self.accepted += 1
+
     def entries(self) -> Iterator[tuple[str, dict[str, Any] | None]]:
         """The accepted (ref, row) pairs, in the order they were found."""
+        for ref, row, _ in self.items():
+            yield ref, row
+
+    def items(self) -> Iterator[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+        """The accepted (ref, row, spec) triples, in order (spec None: the submission's task)."""
         if self._spool is None:
             return
         self._spool.seek(0)
         for line in self._spool:
-            ref, row = json.loads(line)
-            yield ref, row
+            ref, row, *spec = json.loads(line)
+            yield ref, row, spec[0] if spec else None
 
     def lines(self) -> Iterator[str]:
         """The accepted entries as spooled (one JSON line each, in order): what identifies a
@@ -106,7 +123,7 @@ class IntakePlan:
 
 def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None,
                 worker_roots: Sequence[Path] | None = None) -> IntakePlan:
-    plan = IntakePlan(_spool=tempfile.TemporaryFile("w+", encoding="utf-8"))  # noqa: SIM115 - owned by the plan
+    plan = IntakePlan.new()
     seen: set[bytes] = set()
     named: dict[bytes, str] = {}
     hosts: dict[tuple[str, int], str | None] = {}
@@ -145,6 +162,13 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
         plan.close()
         raise
     return plan
+
+
+def check_ref(ref: str, limits: LimitSettings, worker_roots: Sequence[Path] | None = None,
+              hosts: dict[tuple[str, int], str | None] | None = None) -> str | None:
+    """Why the producer refuses the canonical single-image ``ref`` (what ``plan_intake`` checks
+    beyond ``ocrq.refs.parse``), or None; ``hosts``: lookups to share across calls."""
+    return _check(Entry("ref", ref), limits, [Path(r) for r in worker_roots or ()], {} if hosts is None else hosts)
 
 
 def _check(entry: Entry, limits: LimitSettings, worker_roots: list[Path],

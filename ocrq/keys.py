@@ -67,7 +67,8 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
     {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
-                                            line [image id, ref, manifest row] per image it added;
+                                            line [image id, ref, manifest row] per image it added
+                                            (+ its own {task, params}: an OpenAI Batch line's);
                                             deleted when the job is archived
     {prefix}results/{job}/parts/{epoch}-{n}.jsonl  ImageResult lines: the final images of one
                                             stored chunk (``ocrq.parts``); one PUT per chunk
@@ -82,6 +83,25 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
     {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
     {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
+    {prefix}inputs/{sha256}                 an inline image (a ``data:`` URI of an OpenAI Batch line),
+                                            content-addressed, submitted as ``store:inputs/{sha256}``
+                                            (``ocrq.inline_images``)
+    {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
+                                            file's lines that could not run (``{file}``: the file's
+                                            sha256[:16]); one object per file submitted
+    {prefix}results/{job}/export/openai-batch/output.jsonl  the job's lines done, as OpenAI Batch
+                                            output (``ocrq.openai_responses``)
+    {prefix}results/{job}/export/openai-batch/errors.jsonl  its lines failed or rejected, as the
+                                            OpenAI Batch error file
+    {prefix}results/{job}/export/openai-batch/_SUCCESS  written last, once every line is final
+
+OpenAI Batch files keep no per-line state in Redis: a line's ``custom_id`` is its image's manifest
+row (``{"custom_id": ...}``, so it is part of the image id and comes back in its result), held
+by the submission's ref shards and the result documents in the store, like any row; its own task
+and params ride in its shard line (a fourth element) and its chunk message. Per line of a file the
+store grows by that row in one shard line and one result document, plus one ``inputs/`` object
+per distinct inline image and one error line per rejected line; Redis holds only the per-image
+marker every submission has, until the job is archived.
 
 The store is the history: per image of a job it grows by one result document (a line of a
 part: one object per chunk) and, on a first read of the bytes, one cache entry (plus a failed
@@ -248,9 +268,37 @@ def export_object(job_name: str, name: str) -> str:
 
 
 def is_export_object(path: str) -> bool:
-    """Whether ``path`` is a file of a job's export (``results/{job}/export/...``)."""
+    """Whether ``path`` is a file of a job's export (``results/{job}/export/...``, its OpenAI Batch
+    files included)."""
     parts = path.split("/")
-    return len(parts) == 4 and parts[0] == "results" and parts[2] == "export"
+    return (parts[0] == "results" and len(parts) >= 4 and parts[2] == "export"
+            and (len(parts) == 4 or (len(parts) == 5 and parts[3] == OPENAI_BATCH)))
+
+
+#: the OpenAI Batch export's folder under ``export_prefix`` and its file names
+OPENAI_BATCH = "openai-batch"
+OPENAI_OUTPUT = "output.jsonl"
+OPENAI_ERRORS = "errors.jsonl"
+
+
+def openai_export_object(job_name: str, name: str) -> str:
+    """A file of the job's OpenAI Batch export: ``OPENAI_OUTPUT``, ``OPENAI_ERRORS`` or
+    ``EXPORT_SUCCESS`` (written last)."""
+    return f"{export_prefix(job_name)}{OPENAI_BATCH}/{name}"
+
+
+def openai_rejected_prefix(job_name: str) -> str:
+    return f"results/{job_name}/{OPENAI_BATCH}/rejected/"
+
+
+def openai_rejected(job_name: str, file_digest: str) -> str:
+    """The error lines of the lines of one submitted OpenAI Batch file that could not run."""
+    return f"{openai_rejected_prefix(job_name)}{file_digest}.jsonl"
+
+
+def inline_input(content_sha256: str) -> str:
+    """An inline image's bytes (``ocrq.inline_images``): a ``store:`` ref names this path."""
+    return f"inputs/{content_sha256}"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

@@ -29,6 +29,18 @@ class Item(BaseModel):
     attempt: int = 1
     #: a manifest row's other columns (``id``, ``metadata``, ...), carried into the result as is
     row: dict[str, Any] | None = None
+    #: this image's own task and params (an OpenAI Batch line's: ``ocrq.openai_requests``), over
+    #: the chunk's; left out of the message when None
+    task: str | None = None
+    params: dict[str, Any] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The item as its message carries it (no ``task``/``params`` keys unless set)."""
+        out = self.model_dump(mode="json")
+        for name in ("task", "params"):
+            if out[name] is None:
+                del out[name]
+        return out
 
 
 #: the OCR tasks (HunyuanOCR's prompts, worker.engines.hunyuan); producers refuse any other
@@ -56,7 +68,13 @@ class Chunk(BaseModel):
     outage_since: float | None = None
 
     def to_message(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        message = self.model_dump(mode="json", exclude={"items"})
+        message["items"] = [it.wire() for it in self.items]
+        return message
+
+    def spec(self, item: Item) -> tuple[str, dict[str, Any]]:
+        """The task and params ``item`` runs with: its own, else the chunk's."""
+        return item.task or self.task, self.params if item.params is None else item.params
 
 
 def chunk_argsrepr(message: dict[str, Any]) -> str:
@@ -82,7 +100,7 @@ def checked_message(chunk: Chunk, cap: int) -> dict[str, Any]:
 
 def item_bytes(item: Item) -> int:
     """An item's share of a chunk message (its JSON and a separator)."""
-    return len(item.model_dump_json(exclude_defaults=False).encode()) + 1
+    return len(json.dumps(item.wire(), separators=(",", ":")).encode()) + 1
 
 
 def chunk_groups(items: list[Item], size: int, cap: int, overhead: int = 1024) -> list[list[Item]]:

@@ -1,11 +1,13 @@
 """Image references: parsing and confinement to the allowed roots (producers, and workers through
 ``ocrq.fetch``); ``ocrq.expand`` turns containers into single-image refs.
 
-A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, or an
-``http(s)://`` URL. Canonical refs are absolute resolved local paths (no ``file://``),
-``s3://bucket/key`` and URLs. Refused (``RefusedRef``): malformed, too long, a scheme not
-allowed, a local path outside the allowed roots (symlinks and ``..`` followed first), a bucket
-not allowed.
+A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, an
+``http(s)://`` URL, or ``store:inputs/{sha256}``: an image ocrq itself wrote to its store (a
+``data:`` URI of an OpenAI Batch line, ``ocrq.inline_images``). Canonical refs are absolute
+resolved local paths (no ``file://``), ``s3://bucket/key``, URLs and ``store:`` refs.
+Refused (``RefusedRef``): malformed, too long, a scheme not allowed, a local path outside the
+allowed roots (symlinks and ``..`` followed first), a bucket not allowed, a ``store:`` ref to
+anything but an inline input.
 
 Confinement is enforced again by ``fetch`` (the worker is the boundary: anyone who can write to
 the broker can submit any string), on Linux on the opened file itself.
@@ -37,13 +39,16 @@ _CHUNK = 1 << 16
 # Two or more characters so a Windows drive letter is not a scheme; a relative local name with a
 # colon needs "./" (as in RFC 3986).
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+#: a ``store:`` ref names an inline input and nothing else in the store (not results, not cache)
+STORE_SCHEME = "store"
+_STORE_KEY = re.compile(r"inputs/[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
 class Ref:
     """One parsed, confined reference (``value`` is its canonical string)."""
 
-    kind: Literal["local", "s3", "http"]
+    kind: Literal["local", "s3", "http", "store"]
     value: str
     bucket: str = ""
     key: str = ""
@@ -102,6 +107,8 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None, *, re
         return _local(unquote(parts.path), text, limits, base, resolve, dirs)
     if scheme == "s3":
         return _s3(text, limits)
+    if scheme == STORE_SCHEME:
+        return _store(text)
     if scheme in ("http", "https"):
         try:
             parts = urlsplit(text)
@@ -112,6 +119,13 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None, *, re
             raise RefusedRef(f"malformed URL: {text}")
         return Ref("http", text)
     raise RefusedRef(f"scheme {scheme!r} is not supported: {text}")
+
+
+def _store(text: str) -> Ref:
+    key = text[len(STORE_SCHEME) + 1:]
+    if not _STORE_KEY.fullmatch(key):
+        raise RefusedRef(f"malformed store reference (store:inputs/{{sha256}} only): {redact_text(text[:100])}")
+    return Ref("store", f"{STORE_SCHEME}:{key}", key=key)
 
 
 def _s3(text: str, limits: LimitSettings) -> Ref:

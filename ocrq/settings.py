@@ -90,8 +90,9 @@ class LimitSettings(BaseModel):
     allowed_roots: list[Path] = Field(default_factory=list)
     #: buckets s3:// references may read (empty: any bucket the credentials can read)
     s3_buckets: list[str] = Field(default_factory=list)
-    #: schemes a reference may use
-    allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https"])
+    #: schemes a reference may use (``store``: inline images ocrq wrote to its own store,
+    #: ``store:inputs/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
+    allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https", "store"])
     http_timeout: float = 20.0
     #: http(s) refs may point at loopback/private/link-local addresses (cloud metadata, internal
     #: services): off by default, so submitting a URL cannot make workers probe the network
@@ -106,8 +107,8 @@ class LimitSettings(BaseModel):
     decode_processes: int = 0
     #: seconds one image may decode before its child is killed (DecoderCrashed)
     decode_timeout_s: float = 60.0
-    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG abort / hang the
-    #: decoder (the chaos suite's crashing files); never enable in production
+    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
+    #: slow down the decoder (the chaos suite's crashing files); never enable in production
     decode_fault_markers: bool = False
 
 
@@ -131,6 +132,10 @@ class EngineSettings(BaseModel):
     #: a micro-batch in chunks of rows within it (bounds the vision tower's activation peak)
     max_num_batched_tokens: int = 16384
     gpu_memory_utilization: float = 0.85
+    #: vllm: where vLLM keeps its torch.compile artifacts (``VLLM_CACHE_ROOT``; the environment's
+    #: own value wins). On a persistent path a restart loads them instead of compiling again.
+    #: None: ``{var_dir}/vllm-cache``
+    compile_cache_dir: Path | None = None
     #: vllm: most device bytes the engine may claim (e.g. a 24 GiB card's budget on a larger GPU):
     #: the utilization becomes min(gpu_memory_utilization, cap / total). The worker fills it from
     #: ``batch.memory_cap_bytes`` when unset, so one cap bounds engine and governor alike
@@ -157,7 +162,7 @@ class EngineSettings(BaseModel):
     #: vllm, vllm-server launched by ocrq: PyTorch's CUDA allocator settings for vLLM's processes
     #: (``PYTORCH_CUDA_ALLOC_CONF`` when not set already). Expandable segments keep the vision
     #: tower's activations of mixed page sizes from fragmenting the cache past vLLM's profiled
-    #: peak (docs/gpu.md, "Memory"); "" leaves PyTorch's default
+    #: peak (docs/gpu.md, "Memory profiles"); "" leaves PyTorch's default
     cuda_alloc_conf: str = "expandable_segments:True"
     #: vllm, vllm-server launched by ocrq: run the vision tower on groups of pages of at most this
     #: many patches, every layer once per group (0: vLLM's loop, each layer on each page). Fewer
@@ -173,8 +178,8 @@ class EngineSettings(BaseModel):
     #: vllm, ``ocrq up --gpus``: workers (each its own engine) per GPU, each with 1/N of the GPU's
     #: budget (utilization and memory caps divided). vLLM's engine core runs on one CPU thread and
     #: leaves the GPU idle while it launches kernels; a second engine can fill those gaps only under
-    #: NVIDIA MPS. H200, 24 GiB, one lease: 15.49 img/s for two under MPS against 15.27 for one
-    #: (another session: 14.80 for two without MPS). No gain measured: default 1 (docs/bench/gpu-vllm.md)
+    #: NVIDIA MPS. H200, 24 GiB, one machine: 15.49 img/s for two under MPS against 15.27 for one
+    #: (another machine: 14.80 for two without MPS). No gain measured: default 1 (docs/bench/gpu-vllm.md)
     engines_per_gpu: int = Field(default=1, ge=1, le=8)
     #: vllm-server launched by ocrq: API processes in front of its one engine core
     #: (``--api-server-count``). Each parses, renders and streams its own requests; one alone

@@ -4,7 +4,8 @@
     ocrq flower                                 Flower on the ocrq app, behind basic auth
     ocrq submit REF... --job J [--wait --out F] submit images, optionally wait and write JSONL
     ocrq status J | results J [--out F] | jobs  follow jobs
-    ocrq export J [--wait]                      (re)write a finished job's JSONL/Parquet + _SUCCESS
+    ocrq export J [--wait] [--format openai-batch --out DIR]  (re)write a job's export + _SUCCESS
+    ocrq submit --openai-batch FILE --job J [--wait --out DIR]  an OpenAI Batch file, one image per line
     ocrq failed [--job J --error T --since 2h] | failed show ID | failed purge   the failed registry
     ocrq reprocess [--job J] [--error T] [--dry-run]                           re-run failed images
     ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
@@ -146,7 +147,7 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 @app.command()
 def submit(
-    refs: list[str] = typer.Argument(..., help="paths, dirs, s3://bucket/key or prefix/, URLs, .jsonl/.csv manifests"),
+    refs: list[str] = typer.Argument(None, help="paths, dirs, s3://bucket/key or prefix/, URLs, .jsonl/.csv manifests"),
     job: str = typer.Option(..., "--job", "-j"),
     task: str = typer.Option("text", help=" | ".join(TASKS)),
     param: list[str] = typer.Option([], "--param", "-p", help="task parameter key=value (JSON values)"),
@@ -158,11 +159,17 @@ def submit(
     parquet: bool = typer.Option(False, "--parquet", help="the job's export at completion includes Parquet"),
     republish: bool = typer.Option(False, "--republish", help="the same submission again: also send what no "
                                    "worker finished (the recovery after Redis lost data)"),
+    openai_batch: str | None = typer.Option(None, "--openai-batch", help="an OpenAI Batch input file (path, "
+                                            "s3:// key or URL), one image per line; --out is then a directory"),
 ) -> None:
     """Submit image references as job JOB.
 
     Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
     published), 3 (with --wait) some images failed, 4 (with --wait) timed out."""
+    if openai_batch is not None or not refs:  # (ocrq_cli.openai_batch)
+        from ocrq_cli import openai_batch as batch
+
+        return batch.submit(refs, openai_batch, job, priority, wait or show, out, timeout)
     params = _parse_params(param)
     try:
         check_task(task)  # before any file is listed
@@ -378,8 +385,15 @@ def status(job: str) -> None:
 
 @app.command()
 def export(job: str, wait: bool = typer.Option(False, "--wait", help="wait for the _SUCCESS marker"),
-           timeout: float | None = typer.Option(None)) -> None:
-    """(Re)write JOB's export (results JSONL, Parquet if asked, then _SUCCESS) through a worker."""
+           timeout: float | None = typer.Option(None),
+           fmt: str = typer.Option("jsonl", "--format", help="jsonl (+ Parquet if asked) | openai-batch"),
+           out: Path | None = typer.Option(None, "--out", "-o", help="openai-batch: a local directory")) -> None:
+    """(Re)write JOB's export (results JSONL, Parquet if asked, then _SUCCESS) through a worker;
+    --format openai-batch: its OpenAI Batch output and error files, here (partial while it runs)."""
+    if fmt != "jsonl" or out is not None:  # (ocrq_cli.openai_batch)
+        from ocrq_cli import openai_batch as batch
+
+        return batch.export(job, fmt, out, wait, timeout)
     client = _client(_settings())
     handle = _job(client, job)
     if not client.request_export(job, force=True):

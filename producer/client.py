@@ -125,11 +125,12 @@ class Client:
     def submit(self, refs: Iterable[str] | IntakePlan, *, job: str, task: str = "text",
                params: dict[str, Any] | None = None, priority: int | None = None,
                queue: str | None = None, parquet: bool = False, republish: bool = False,
-               progress: Progress | None = None) -> Job:
+               progress: Progress | None = None, openai_batch: bool = False) -> Job:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
         the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
-        job's export at completion also has a Parquet file (ocrq.export). The same submission
+        job's export at completion also has a Parquet file (ocrq.export); ``openai_batch``: and OpenAI
+        Batch output and error files (ocrq.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
         worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it."""
         if not JOB_NAME.match(job):
@@ -144,16 +145,17 @@ class Client:
         try:
             if plan.refused:
                 raise SubmissionRefused(plan)
+            exports = ["jsonl"] + ["parquet"] * parquet + ["openai-batch"] * openai_batch
             return self._publish(plan, job, task, params, priority, queue or self.settings.queue.name,
-                                 parquet, republish, progress)
+                                 exports, republish, progress)
         finally:
             plan.close()
 
     def _publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any], priority: int | None,
-                 queue: str, parquet: bool, republish: bool = False, progress: Progress | None = None) -> Job:
+                 queue: str, exports: list[str], republish: bool = False, progress: Progress | None = None) -> Job:
         self.check_room()
         try:
-            return self._record_and_publish(plan, job, task, params, priority, queue, parquet, republish,
+            return self._record_and_publish(plan, job, task, params, priority, queue, exports, republish,
                                             progress)
         except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
             raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
@@ -172,7 +174,7 @@ class Client:
             raise BrokerFull(self.settings.redis.url, used, limit)
 
     def _record_and_publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any],
-                            priority: int | None, queue: str, parquet: bool, republish: bool,
+                            priority: int | None, queue: str, exports: list[str], republish: bool,
                             progress: Progress | None) -> Job:
         feed = self.feed
         # an archived job (finished and exported) keeps no records in Redis: its final images are
@@ -196,7 +198,7 @@ class Client:
         skipped = [redact_text(f"{e.value}: {e.reason}") for e in plan.skipped_sample[:_SKIPPED_IN_META]]
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
-                                "exports": ["jsonl"] + (["parquet"] * parquet),
+                                "exports": exports,
                                 "skipped": plan.skipped, "skipped_sample": skipped})
         # window by window: record the refs (a marker each), write the shard of those this
         # submission added, and feed; workers start on the first window while the rest is written.
@@ -206,15 +208,16 @@ class Client:
         mine = b"q%d" % sub.ordinal
         first = sub.written
         added = 0
-        for n, window in enumerate(read_entries(plan.entries())):
+        for n, window in enumerate(read_entries(plan.items())):
             if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
                 continue
-            lines = [(keys.image_id(job, ref, row), ref, row) for ref, row in window]
-            new_here = sum(self.index.record_queued(job, [i for i, _, _ in lines if i not in final], sub.ordinal))
+            lines = [(keys.image_id(job, ref, row), ref, row, spec) for ref, row, spec in window]
+            new_here = sum(self.index.record_queued(job, [line[0] for line in lines if line[0] not in final],
+                                                    sub.ordinal))
             if new_here and not added:  # new work: the job's export (if any) no longer describes it
                 invalidate(self.redis, self.store, job)
             added += new_here
-            values = self.index.raw(job, [i for i, _, _ in lines])
+            values = self.index.raw(job, [line[0] for line in lines])
             self.store.put_many([(keys.refs_shard(job, sub.sub, n),
                                   shard_bytes(line for line, v in zip(lines, values, strict=True) if v == mine))])
             feed.written(job, sub, n + 1)
@@ -234,10 +237,10 @@ class Client:
         """``TooLarge`` before anything is recorded, for a ref whose message alone would exceed
         ``queue.max_message_bytes`` (a manifest row too large to carry)."""
         cap = self.settings.queue.max_message_bytes
-        for ref, row in plan.entries():
-            if not row:
+        for ref, row, spec in plan.items():
+            if not row and not spec:
                 continue  # refs alone are capped at refs.MAX_REF_CHARS: a chunk of them fits
-            item = Item(id=keys.image_id(job, ref, row), ref=ref, row=row)
+            item = Item(id=keys.image_id(job, ref, row), ref=ref, row=row, **(spec or {}))
             checked_message(Chunk(job=job, items=[item]), cap)
 
     @property
@@ -273,18 +276,19 @@ class Client:
                          dry_run: bool = False) -> int:
         """Re-publish failed images (optionally one error type) with a fresh attempt budget, on
         each job's own queue and priority; returns how many (would be, with ``dry_run``)."""
-        from ocrq.failed import registered
+        from ocrq.failed import FailedImage, registered
 
-        by_job: dict[str, list[ImageRecord]] = {}
+        by_job: dict[str, list[FailedImage]] = {}
         for f in registered(self.index, self.store, job, error):
-            by_job.setdefault(f.record.job, []).append(f.record)
+            by_job.setdefault(f.record.job, []).append(f)
         if dry_run:
             return sum(len(recs) for recs in by_job.values())
         n = 0
         stamp = str(int(time.time()))
         size = self.settings.queue.chunk_size
         with self.app.producer_or_acquire() as producer:
-            for j, records in by_job.items():
+            for j, failed in by_job.items():
+                records = [f.record for f in failed]
                 meta = self.index.meta(j)
                 invalidate(self.redis, self.store, j)  # new work: the job's export no longer describes it
                 queued = [ImageRecord(id=r.id, job=j, ref=r.ref, status=ImageStatus.queued, row=r.row)
@@ -293,7 +297,9 @@ class Client:
                 self.index.record(queued, mode="reopen" if self.index.archived(j) else "force")
                 # their failed mirrors go before any is published: a failure again writes a new one
                 self.store.delete_many(keys.failed_object(j, r.id) for r in records)
-                items = [Item(id=r.id, ref=r.ref, row=r.row) for r in records]
+                # each image again with the task and params it ran with (its own, an OpenAI Batch
+                # line's, or the job's)
+                items = [Item(id=f.record.id, ref=f.record.ref, row=f.record.row, **f.own_spec(meta)) for f in failed]
                 for start in range(0, len(items), size):
                     part = items[start:start + size]
                     chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
@@ -378,6 +384,10 @@ class Job:
     def status(self) -> dict[str, int]:
         """Counts per status plus ``total`` and ``cached`` (exact, from the job index)."""
         return self.client.index.counts(self.name)
+
+    def submitting(self) -> bool:
+        """Whether a producer is writing a submission of this job (it cannot finish meanwhile)."""
+        return bool(self.client.redis.exists(keys.job_submitting(self.name)))
 
     def finished(self) -> bool:
         c = self.status()

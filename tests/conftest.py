@@ -45,7 +45,7 @@ def _need(what: str) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server process on a free port, for the whole session (flush per test)."""
+    """A real redis-server process on a free port, for the whole test run (flush per test)."""
     binary = _redis_binary()
     if not binary:
         _need("redis-server")

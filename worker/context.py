@@ -22,6 +22,7 @@ from worker.costs import ModelProfile
 from worker.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
 from worker.metrics import WorkerMetrics
+from worker.startup import StartupClock
 
 if TYPE_CHECKING:
     from worker.feeder import Feeder
@@ -49,6 +50,8 @@ class WorkerContext:
     governor_key: str | None = None
     #: feeds the queue from submission shards (worker.feeder; set once the Celery app exists)
     feeder: Feeder | None = None
+    #: where the worker's start went, phase by phase (worker.startup)
+    startup: StartupClock = field(default_factory=StartupClock)
     _saved_observations: int = -1
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -137,7 +140,8 @@ def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations:
                             keys.GOVERNOR_PROFILE_TTL_S))
 
 
-def build_context(settings: Settings, queues: list[str] | None = None) -> WorkerContext:
+def build_context(settings: Settings, queues: list[str] | None = None,
+                  startup: StartupClock | None = None) -> WorkerContext:
     from worker.engine_loop import EngineLoop
     from worker.engines import build_engine
     from worker.nvml import NvmlProbe
@@ -146,14 +150,21 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
     if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
         # one cap for engine and governor: vLLM then claims no more than the governor plans with
         engine_settings = engine_settings.model_copy(update={"memory_cap_bytes": settings.batch.memory_cap_bytes})
+    if engine_settings.kind == "vllm" and engine_settings.compile_cache_dir is None:
+        engine_settings = engine_settings.model_copy(
+            update={"compile_cache_dir": settings.var_dir / "vllm-cache"})
     engine = build_engine(engine_settings)
     log.info("engine %s starting", settings.engine.kind)
+    startup = startup or StartupClock()
     engine.start()
-    log.info("engine %s ready: revision %s", engine.name, engine.revision)
+    engine_s = startup.mark("engine")
+    startup.add_detail("engine", dict(getattr(engine, "start_phases", None) or {}))
+    log.info("engine %s ready in %.1fs: revision %s", engine.name, engine_s, engine.revision)
     probe = NvmlProbe.for_current_device()
     governor = governor_for(settings.batch, engine, probe)
     client = redis.Redis.from_url(settings.redis.url, health_check_interval=30)
     governor_key = restore_governor(governor, client, settings, engine.revision)
+    startup.mark("governor")
     metrics = WorkerMetrics()
     loop = EngineLoop(
         engine, governor, probe,
@@ -175,7 +186,7 @@ def build_context(settings: Settings, queues: list[str] | None = None) -> Worker
         cache=ResultCache(cache_client(settings, client), store, settings.redis.cache_ttl,
                           settings.redis.cache_max_bytes),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key, metrics=metrics, decoder=decoder,
+        governor_key=governor_key, metrics=metrics, decoder=decoder, startup=startup,
     )
 
 

@@ -24,7 +24,8 @@ that crashes its decoder on every attempt ends as ``RetriesExhausted`` naming it
 
 ``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort or hang on
 bytes that contain ``FAULT_ABORT`` / ``FAULT_HANG``: how the chaos suite (bench/chaos) makes a
-real decoder crash on certain files.
+real decoder crash on certain files. ``FAULT_SLOW`` makes it take ``FAULT_SLOW_S`` on a file (a
+slow decoder that still finishes), so a test's timing does not depend on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ log = logging.getLogger("ocrq.decode")
 #: test-only markers honoured when ``limits.decode_fault_markers`` is on
 FAULT_ABORT = b"OCRQ-TEST-DECODER-ABORT"
 FAULT_HANG = b"OCRQ-TEST-DECODER-HANG"
+FAULT_SLOW = b"OCRQ-TEST-DECODER-SLOW"
+#: seconds a ``FAULT_SLOW`` file takes before it decodes
+FAULT_SLOW_S = 0.1
 
 
 #: what decoding one image gives: its pages, or the typed error it failed with
@@ -85,6 +89,8 @@ def _faults(data: bytes, limits: LimitSettings) -> None:
     if FAULT_HANG in data:
         while True:  # a decoder spinning forever on a crafted file
             time.sleep(3600)
+    if FAULT_SLOW in data:
+        time.sleep(FAULT_SLOW_S)
 
 
 class InProcessDecoder:

@@ -235,7 +235,7 @@ class Governor:
         ``more_coming``: images are on their way (announced, still decoding). A padded engine's
         plan leaves pages of another size behind long before its memory is full (the packer
         keeps a batch homogeneous), so only the count limit makes it final then: pages like the
-        chosen ones may still join (docs/bench/gpu-worker.md, fifteenth session)."""
+        chosen ones may still join (docs/bench/gpu-worker.md, 2026-12-03)."""
         with self._lock:
             chosen = self._select(pending, free_bytes, None, inflight)
             if len(chosen) >= self._batch_cap():

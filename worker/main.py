@@ -18,6 +18,7 @@ from worker.feeder import Feeder
 from worker.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
+from worker.startup import StartupClock
 from worker.tasks import register_tasks
 
 log = logging.getLogger("ocrq.worker")
@@ -25,6 +26,8 @@ log = logging.getLogger("ocrq.worker")
 
 def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname: str | None = None,
                concurrency: int | None = None) -> None:
+    startup = StartupClock()
+    startup.mark("interpreter")
     pin_pci_order(os.environ)  # before any engine initialises CUDA
     gcwatch.install()
     app = make_celery(settings)
@@ -49,16 +52,26 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         log.info("device: CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_ORDER=%s metrics port %s",
                  os.environ.get("CUDA_VISIBLE_DEVICES", "-"), os.environ.get("CUDA_DEVICE_ORDER", "-"),
                  settings.metrics_port or "-")
+        startup.mark("celery")
         # the engine is ready before the consumer takes its first message
-        ctx = holder["ctx"] = build_context(settings, queues)
+        ctx = holder["ctx"] = build_context(settings, queues, startup)
         q = settings.queue
         ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
                                  max_message_bytes=q.max_message_bytes))
         ctx.feeder.start()
+        startup.mark("services")
         # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
         # process: out of the collector's reach, a full collection no longer walks it with the GIL
         # held (the H200 worker: 10 full collections, 9.6 s, by the end of its first job)
         log.info("gc: %d objects frozen after the engine start", gcwatch.freeze())
+        startup.mark("gc")
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        startup.ready()
+        log.info("worker %s", startup.summary())
+        if (ctx := holder.get("ctx")) is not None:
+            ctx.metrics.observe_start(startup)
 
     @signals.worker_shutdown.connect(weak=False)
     def _stop_engine(**_: Any) -> None:

@@ -4,7 +4,7 @@ bytes going out, a page's pixels coming back) travel in a memory file, not throu
 Pickling bytes through a ``Connection`` copies them in Python on both sides (pickle's buffer,
 the pipe's reads gathered into one buffer, the unpickled object), holding the GIL. In a GPU
 worker that time is taken from the engine thread, which needs the GIL to launch each decode
-step. Measured (docs/bench/gpu-worker.md, eighteenth session): a 2048×1536 page held the
+step. Measured (docs/bench/gpu-worker.md, 2026-12-04): a 2048×1536 page held the
 worker's GIL 7-13 ms pickled and 0.3-0.6 ms here; on the H200 the same batches took the
 transformers engine 5-15 % less time in the worker.
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,6 +24,7 @@ from ocrq.messages import TASKS
 from ocrq.metrics import queue_depth_family, redis_memory_families
 from ocrq.results import ImageRecord, ImageStatus
 from worker.nvml import MemoryProbe
+from worker.startup import StartupClock
 
 log = logging.getLogger("ocrq.worker.metrics")
 
@@ -97,6 +98,11 @@ class WorkerMetrics:
             self.retries.labels(retryable.__name__)
         for permanent in Permanent.__subclasses__():
             self.failures.labels(permanent.__name__)
+        self.start_seconds = Gauge("ocrq_worker_start_seconds", "Seconds of this worker's start, by phase "
+                                   "(worker.startup; engine.* are the engine's own parts of its phase).",
+                                   ["phase"], registry=r)
+        self.ready_seconds = Gauge("ocrq_worker_ready_seconds", "Seconds from this worker's process start "
+                                   "to taking work.", registry=r)
         self._server: Any = None
 
     def watch(self, state: Callable[[], dict[str, Any]], probe: MemoryProbe, device: str, redis: Any,
@@ -104,6 +110,11 @@ class WorkerMetrics:
         self.registry.register(_LiveCollector(state, probe, device, redis, queues))
 
     # ---- events -------------------------------------------------------------------------------
+
+    def observe_start(self, startup: StartupClock) -> None:
+        for phase, seconds in {**startup.phases, **startup.detail}.items():
+            self.start_seconds.labels(phase).set(seconds)
+        self.ready_seconds.set(startup.ready_s or 0.0)
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)

@@ -70,11 +70,11 @@ def fetch_groups(ctx: WorkerContext, chunk: Chunk) -> int:
 
 def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     """Fetch and hash (and render a PDF); a plain image's decode waits for the cache check."""
-    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client)
+    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client, store=ctx.store)
     sha = sha256_hex(data)
 
     def key(content: str) -> str:
-        return keys.cache_key(content, ctx.engine.revision, chunk.task, chunk.params)
+        return keys.cache_key(content, ctx.engine.revision, *chunk.spec(item))
 
     if is_pdf(data):  # PDF pages: cached page by page, by their pixels
         pages = decode_bytes(ctx, data)

@@ -144,7 +144,7 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     todo = [(i, n, unit) for i, n, unit in units if unit.cache_key not in hits and i not in errors]
     to_run = [(i, n, k, unit.cache_key, pg) for i, n, unit in todo for k, pg in enumerate(unit.pages)]
     submitted = ctx.submit_once_many([
-        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, chunk.task, chunk.params,
+        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, *chunk.spec(prepared[i].item),
                                    priority=chunk.priority))
         for i, _, k, key, pg in to_run])
     intake.close()
@@ -227,7 +227,8 @@ def _documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult]) -> tup
     epoch, part = ctx.index.new_part(chunk.job)
     path = keys.result_part(chunk.job, epoch, part)
     writes: list[tuple[str, Any]] = [(path, b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n")]
-    writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, d.record, path))
+    items = {it.id: it for it in chunk.items}
+    writes += [(keys.failed_object(d.record.job, d.record.id), _failed_entry(chunk, items[d.record.id], d.record, path))
                for d in docs if d.record.status == ImageStatus.failed]
     return part, writes
 
@@ -245,10 +246,12 @@ def _settle(ctx: WorkerContext, chunk: Chunk, item: Item, err: OcrqError, prep: 
     return _record(chunk, item, ImageStatus.failed, final, prep, worker=worker)
 
 
-def _failed_entry(chunk: Chunk, rec: ImageRecord, document: str) -> dict[str, Any]:
-    """The failed registry's durable mirror of one image (what ``ocrq failed --from-store`` reads);
-    ``document``: the result part holding its document (``ocrq failed show`` reads it there)."""
-    return {"record": rec.model_dump(mode="json"), "task": chunk.task, "params": chunk.params,
+def _failed_entry(chunk: Chunk, item: Item, rec: ImageRecord, document: str) -> dict[str, Any]:
+    """The failed registry's durable mirror of one image (what ``ocrq failed --from-store`` reads,
+    and ``ocrq reprocess`` re-runs with the image's own task and params); ``document``: the result
+    part holding its document (``ocrq failed show`` reads it there)."""
+    task, params = chunk.spec(item)
+    return {"record": rec.model_dump(mode="json"), "task": task, "params": params,
             "failed_at": time.time(), "document": document}
 
 
@@ -263,7 +266,7 @@ def _record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | No
             worker: str | None = None, **engine: Any) -> ImageRecord:
     return ImageRecord(
         id=item.id, job=chunk.job, ref=redact_url(item.ref), status=status, attempts=item.attempt,
-        cached=cached, pages=pages, worker=worker, row=item.row,
+        cached=cached, pages=pages, worker=worker, row=item.row, updated=time.time(),
         sha256=prep.sha256 if prep else None, cache_key=prep.cache_key if prep else None,
         error=ErrorInfo(**error.to_dict()) if error else None, **engine,
     )

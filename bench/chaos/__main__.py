@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         ("redis-crash", {"image_latency_s": 0.01}, redis_crash_fault(((0.3, 1.0), (8.0, 0.0)))),
         ("s3", {"image_latency_s": 0.01}, s3_fault(3.0, down)),
         # seed None: with one fixed seed every fresh worker's first OOM fell on its 18th batch,
-        # and in 'all' (10 kills) no worker process lived that long once (CI, ninth session)
+        # and in 'all' (10 kills) no worker process lived that long once (CI, 2026-12-02)
         ("oom", {"image_latency_s": 0.01, "oom_rate": 0.1, "seed": None}, no_fault),
         ("all", {"image_latency_s": 0.01, "oom_rate": 0.1, "seed": None},
          together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),

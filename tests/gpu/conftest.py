@@ -1,4 +1,4 @@
-"""Fixtures shared by the GPU tests (run on the lent H200, never in CI)."""
+"""Fixtures shared by the GPU tests (run on an H200 by bench/h200_vllm.sh, never in CI)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The transformers engine on a real GPU (the lent H200; never in CI): a full-size random
+"""The transformers engine on a real GPU (an H200; never in CI): a full-size random
 HunyuanOCR-1.5 checkpoint loads in bf16, a mixed batch runs, OOM under a small memory fraction
 surfaces as EngineOOM (and the engine recovers), and the graph decode step is fast."""
 

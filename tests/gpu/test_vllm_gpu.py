@@ -1,4 +1,4 @@
-"""The in-process vLLM engine on a real GPU (the lent H200; never in CI): the full-size random
+"""The in-process vLLM engine on a real GPU (an H200; never in CI): the full-size random
 HunyuanOCR-1.5 checkpoint in bf16 with CUDA graphs, inside a 24 GiB budget the worker derives
 from ``memory_cap_bytes``; a mixed batch; two batches in flight; a killed engine core is a typed,
 retryable failure and the engine rebuilds. (The exact fp32 invariance checks are the `vllm` tier's

@@ -1,7 +1,7 @@
 """The opt-in grouped vision tower (``engine.vision_group_patches``, worker/engines/vllm_vision.py)
 on the H200: full-size bf16 engine with CUDA graphs, its own build (~2 min), so ``bash
-bench/h200_vllm.sh all-tests`` leaves this file out and the ``groups`` step runs it (H200, eleventh
-session: 2 passed).
+bench/h200_vllm.sh all-tests`` leaves this file out and the ``groups`` step runs it (H200,
+2026-12-02, commit c859c01: 2 passed).
 
 What it must show before the setting's default changes: a mixed batch runs full length, and bf16
 alone vs batch agrees at the first step as closely as vLLM's page-by-page tower does there

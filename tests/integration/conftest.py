@@ -9,12 +9,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ocrq import keys
 from ocrq.settings import Settings
 from ocrq.stack import stop_group, wait_worker_state
 
@@ -64,3 +66,14 @@ def start_worker(redis_url: str, redis_client: Any, tmp_path: Path) -> Iterator[
 def settings_for(redis_url: str, store: Path, **overrides: Any) -> Settings:
     redis_settings = {"url": redis_url, **overrides.pop("redis", {})}
     return Settings(redis=redis_settings, store={"kind": "local", "path": store}, **overrides)
+
+
+def worker_start_state(client: Any, name: str) -> dict[str, Any]:
+    """The worker's published start (its state is refreshed every second)."""
+    for _ in range(20):
+        [state_key] = list(client.scan_iter(keys.worker_state(f"{name}@*")))
+        start = json.loads(client.get(state_key))["start"]
+        if start["ready_s"] is not None:
+            return start
+        time.sleep(0.5)
+    raise AssertionError(f"no ready_s in {start}")

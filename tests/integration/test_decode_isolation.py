@@ -15,7 +15,7 @@ from PIL import Image, PngImagePlugin
 from ocrq.errors import BadImage, DecoderCrashed
 from ocrq.settings import LimitSettings
 from worker import memfd_pipe
-from worker.decode import FAULT_ABORT, FAULT_HANG, InProcessDecoder, IsolatedDecoder
+from worker.decode import FAULT_ABORT, FAULT_HANG, FAULT_SLOW, FAULT_SLOW_S, InProcessDecoder, IsolatedDecoder
 from worker.images import decode
 
 pytestmark = pytest.mark.integration
@@ -120,24 +120,18 @@ def test_a_batch_costs_only_its_crashing_images(limits: LimitSettings) -> None:
 
 def test_each_image_of_a_batch_has_its_own_timeout(limits: LimitSettings) -> None:
     """Images that each decode well within the timeout are not killed for adding up past it."""
-    # a timeout a busy CI box cannot reach for one page by a stall (0.25 s was reached once, with
-    # the suite's other processes on the two cores), but 144 pages together go past twice over
+    # each page takes FAULT_SLOW_S (0.1 s) whatever the machine's speed, far under a timeout a busy
+    # CI box cannot reach for one page by a stall (0.25 s was reached once, with the suite's other
+    # processes on the two cores); 30 of them in one round trip go past the timeout three times
     slow = limits.model_copy(update={"decode_timeout_s": 1.0, "decode_processes": 1})
     dec = IsolatedDecoder(slow)
     try:
-        # 1024x1024 pages, ~20 ms each; together (one round trip) past the timeout
-        big = []
-        for seed in range(48):
-            out = io.BytesIO()
-            Image.new("RGB", (1024, 1024), (seed, 90, 200)).save(out, "PNG")
-            big.append(out.getvalue())
-        big *= 3
+        pages = [png(seed, FAULT_SLOW) for seed in range(30)]
         t0 = time.monotonic()
-        got = dec.decode_many(big)
+        got = dec.decode_many(pages)
         took = time.monotonic() - t0
-        if took < 2 * slow.decode_timeout_s:
-            pytest.skip(f"the batch decoded in {took:.2f}s: too fast to show a per-image timeout")
-        assert all(isinstance(o, list) and o[0].width == 1024 for o in got), [
+        assert took >= len(pages) * FAULT_SLOW_S >= 2 * slow.decode_timeout_s
+        assert all(isinstance(o, list) and o[0].width == 64 for o in got), [
             o for o in got if not isinstance(o, list)][:3]
         assert dec.crashes == 0
     finally:

@@ -150,7 +150,7 @@ def test_a_requeue_on_a_channel_closed_by_a_lost_connection_leaves_the_message_t
     """Celery requeues a chunk whose retry could not be published (``Reject(requeue=True)``) while
     Redis is down; by then the consumer may have closed the channel (``channel.connection`` is
     None). Kombu's restore then built a connection pool from nothing: AttributeError, "Unrecoverable
-    error", the worker process died (chaos ``all``, ninth session). Now the reject returns, the
+    error", the worker process died (chaos ``all``, CI on 2026-12-02). Now the reject returns, the
     unacked record stays, and the reaper gives the message back once no worker claims it."""
     app = make_celery(Settings(redis={"url": redis_url}))
     _publish(app, {"n": 6})

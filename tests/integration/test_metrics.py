@@ -13,7 +13,7 @@ import pytest
 from producer.client import Client
 from tests.conftest import free_port
 from tests.fixtures.images import word_images
-from tests.integration.conftest import settings_for, worker_env
+from tests.integration.conftest import settings_for, worker_env, worker_start_state
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,11 @@ def test_queue_depth_jobs_and_worker_state(redis_url, redis_client, start_worker
         assert after['ocrq_queue_depth{queue="ocrq"}'] == 0
         assert after['ocrq_job_images{job="metered",status="done"}'] == 9
         assert any(k.startswith("ocrq_worker{") and 'worker="m@' in k and 'field="prefetch"' in k for k in after)
+        # and where its start went, phase by phase (worker.startup), in its state in Redis
+        start = worker_start_state(redis_client, "m")
+        assert list(start["phases"]) == ["interpreter", "celery", "engine", "governor", "services", "gc", "consumer"]
+        assert 0 < start["ready_s"] < 120
+        assert abs(sum(start["phases"].values()) - start["ready_s"]) < 0.01
     finally:
         exporter.terminate()
         exporter.wait(10)

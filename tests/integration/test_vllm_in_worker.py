@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from producer.client import Client
 from tests.fixtures.images import word_images
-from tests.integration.conftest import settings_for, worker_env
+from tests.integration.conftest import settings_for, worker_env, worker_start_state
 from tests.integration.vllm_support import (
     engine_settings,
     require_vllm,
@@ -62,8 +63,16 @@ def _run_job(redis_url: str, tmp_path: Path, job_name: str, engine: str) -> None
 def test_in_process_vllm_engine_in_a_worker(redis_url, start_worker, tmp_path, checkpoint, venv_env):
     word_images(tmp_path / "in", 5)
     start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], **venv_env,
-                            **_engine_env(checkpoint, "vllm")))
+                            **_engine_env(checkpoint, "vllm")), name="inproc")
     _run_job(redis_url, tmp_path, "vllm-inproc", "vllm")
+    # the worker's start, phase by phase, with vLLM's own build phases read from its log lines
+    start = worker_start_state(redis.Redis.from_url(redis_url), "inproc")
+    assert abs(sum(start["phases"].values()) - start["ready_s"]) < 0.01
+    detail = start["detail"]
+    assert 0 < detail["engine.llm"] <= start["phases"]["engine"], start
+    assert "engine.tokenizer" in detail and "engine.renderer_warm" in detail, start
+    # vLLM's engine core logged its init (profile, KV cache, warm-up): found in its own log line
+    assert 0 < detail["engine.init_engine"] < detail["engine.llm"], start
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ GOLDEN = [
     ((513, 511), (512, 512, 274)),
 ]
 
-# HunyuanOCR-1.5 as transformers nests it (numbers from shared/reference/hunyuanocr.md)
+# HunyuanOCR-1.5 as transformers nests it (the text model of the checkpoint's config.json)
 TEXT_15: dict[str, int] = {
     "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 120818,

@@ -165,7 +165,10 @@ def test_a_per_image_error_fails_only_that_image(loops: list[EngineLoop]) -> Non
     assert all(isinstance(r, OcrOutput) for i, r in enumerate(results) if i != 2)
 
 
-def test_batch_invariance_alone_or_in_a_mixed_batch(loops: list[EngineLoop]) -> None:
+def test_each_request_gets_its_own_result_alone_or_in_a_mixed_batch(loops: list[EngineLoop]) -> None:
+    """Routing, not batch invariance: the simulated engine's text depends on its request only, so
+    equal outputs here mean the loop handed image 7's result to image 7's future in a batch of 13
+    (a real engine's batch invariance is tested on the engines themselves)."""
     engine = sim()
     loop = start(loops, engine, linger_s=0.2, initial_size=64)
     alone = outcome(loop.submit(req(7, (300, 200))))

@@ -383,7 +383,7 @@ def test_a_mixed_window_is_held_by_its_mean_page_not_its_largest() -> None:
 def test_a_padded_plan_that_leaves_other_sizes_behind_is_final_only_at_the_count_limit_while_pages_come() -> None:
     """The H200 worker's first warm batch stopped at 45 pages: the packer kept the small pages
     and left the large ones behind, which ``full`` read as "no point waiting", while more small
-    pages were still decoding (docs/bench/gpu-worker.md, fifteenth session)."""
+    pages were still decoding (docs/bench/gpu-worker.md, 2026-12-03)."""
     padded = ModelProfile("test", weight_bytes=2 * GB, kv_bytes_per_token=80_000, act_bytes_per_token=20_000.0,
                           padded=True)
     gov = calibrated(Governor(padded, capacity_bytes=24 * GB, max_size=64, initial_size=64))

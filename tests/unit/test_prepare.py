@@ -52,6 +52,7 @@ class FakeContext:
     settings: Settings
     decoder: CountingDecoder
     s3_client: Any = None
+    store: Any = None
     engine: Any = field(default_factory=lambda: type("E", (), {"revision": "rev1"})())
     fetch_pool: Any = field(default_factory=lambda: ThreadPoolExecutor(2))
 

@@ -1,9 +1,9 @@
 """HunyuanOCR facts shared by every engine that hosts it (transformers, vLLM in-process, vLLM server).
 
-Prompts per task and version, sampling defaults, chat messages, output parsers (spotting boxes,
-extraction JSON), the repetition early-stop rule, the token cost of an image and the memory
-numbers of a checkpoint. Pure Python: torch/transformers are imported only inside the helpers
-that load a processor.
+Prompts per task and version (the table is ``ocrq.prompts``, shared with producers), sampling
+defaults, chat messages, output parsers (spotting boxes, extraction JSON), the repetition
+early-stop rule, the token cost of an image and the memory numbers of a checkpoint. Pure Python:
+torch/transformers are imported only inside the helpers that load a processor.
 """
 
 from __future__ import annotations
@@ -14,54 +14,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ocrq.messages import TASKS
+from ocrq.prompts import Version, prompt
 from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import hunyuan_vision_tokens
 from worker.engines.base import ImageCost, OcrRequest
-
-Version = Literal["1.0", "1.5"]
-
-# 1.0 prompts are the model card's; 1.5 keeps them except plain reading ("提取图中的文字。") and
-# spotting, which 1.5 answers as JSON boxes. The 1.5 spotting wording is ours (not verified
-# against the 1.5 card); it only has to ask for the JSON form the parser reads.
-_PROMPTS: dict[Version, dict[str, str]] = {
-    "1.0": {
-        "text": "Extract the text in the image.",
-        "parse": (
-            "Extract all information from the main body of the document image and represent it in "
-            "markdown format, ignoring headers and footers. Tables should be expressed in HTML format, "
-            "formulas in the document should be represented using LaTeX format, and the parsing should "
-            "be organized according to the reading order."
-        ),
-        "spotting": (
-            "Detect and recognize text in the image, and output the text coordinates in a formatted manner."
-        ),
-        "extract": "Extract the content of the fields: {fields} from the image and return it in JSON format.",
-        "translate": (
-            "First extract the text, then translate the text content into {target_lang}. If it is a "
-            "document, ignore the header and footer. Formulas should be represented in LaTeX format, "
-            "and tables should be represented in HTML format."
-        ),
-    },
-    "1.5": {
-        "text": "提取图中的文字。",
-        "parse": (
-            "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，"
-            "文档中公式用latex格式表示，按照阅读顺序组织进行解析。"
-        ),
-        "spotting": (
-            '检测并识别图片中的文字，以JSON格式输出，每项为{"box":[xmin,ymin,xmax,ymax],"text":文字}。'
-        ),
-        "extract": "提取图片中的：{fields}的字段内容，并按照JSON格式返回。",
-        "translate": (
-            "先提取文字，再将文字内容翻译为{target_lang}。若是文档，则其中页眉、页脚忽略。"
-            "公式用latex格式表示，表格用html格式表示。"
-        ),
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -87,25 +46,6 @@ def version_of(settings: EngineSettings) -> Version:
     if v == "1.5":
         return "1.5"
     raise ValueError(f"hunyuan_version must be '1.0' or '1.5', not {v!r}")
-
-
-def prompt(task: str, params: Mapping[str, Any] | None = None, version: Version = "1.5") -> str:
-    """The instruction text for a task; ``params["prompt"]`` overrides it verbatim."""
-    params = params or {}
-    if params.get("prompt"):
-        return str(params["prompt"])
-    if task not in _PROMPTS[version]:
-        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
-    template = _PROMPTS[version][task]
-    if task == "extract":
-        fields = params.get("fields")
-        if not fields or isinstance(fields, str):
-            raise ValueError("task 'extract' needs params['fields'] as a list of field names")
-        return template.format(fields="[" + ", ".join(f"'{f}'" for f in fields) + "]")
-    if task == "translate":
-        default = "English" if version == "1.0" else "英文"
-        return template.format(target_lang=str(params.get("target_lang", default)))
-    return template
 
 
 def build_messages(

@@ -114,7 +114,7 @@ class RapidOcrEngine:
             # an explicit model_path skips RapidOCR's download-if-absent branch entirely
             params[f"{section}.model_path"] = str(path)
         ocr = RapidOCR(params=params)
-        # RapidOCR loads its three sessions lazily on first use; load them now so a broken
+        # RapidOCR loads its three onnxruntime InferenceSessions lazily on first use; load them now so a broken
         # install fails here and the first image does not pay the load time.
         for loader in ("_load_det_model", "_load_cls_model", "_load_rec_model"):
             load = getattr(ocr, loader, None)

@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import ModelProfile
-from worker.engines import hunyuan, vllm_compat, vllm_vision
+from worker.engines import hunyuan, vllm_compat, vllm_startup, vllm_vision
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead, one_torch_thread
@@ -68,6 +69,8 @@ class VllmEngine:
         self.capacity_bytes: int | None = None
         #: seconds the last (re)build took
         self.start_seconds: float | None = None
+        #: the last build's phases (seconds): vLLM's own (vllm_startup) plus ours around ``LLM()``
+        self.start_phases: dict[str, float] = {}
         #: tokens vLLM's KV cache holds (known once built): what admission control plans against
         self.kv_capacity_tokens: int | None = None
         #: micro-batches the engine loop may run at once: they share vLLM's continuous batching
@@ -184,18 +187,32 @@ class VllmEngine:
                 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", self.settings.cuda_alloc_conf)
         # read per call by the plugin's tower forward, in this process and in vLLM's core
         os.environ[vllm_vision.ENV] = str(self.settings.vision_group_patches)
+        if self.settings.compile_cache_dir is not None:  # read by the engine core process too
+            os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(self.settings.compile_cache_dir).resolve()))
+        phase_log = Path(tempfile.mkstemp(prefix="ocrq-vllm-start-", suffix=".jsonl")[1])
+        os.environ[vllm_startup.ENV] = str(phase_log)  # inherited by the engine core process
+        vllm_startup.install_from_env()
         t0 = time.perf_counter()
-        self._llm = LLM(**args)
+        try:
+            self._llm = LLM(**args)
+        finally:
+            os.environ.pop(vllm_startup.ENV, None)
         self.start_seconds = time.perf_counter() - t0
         self.builds += 1
+        phases = {"llm": round(self.start_seconds, 3), **vllm_startup.read(phase_log)}
+        phase_log.unlink(missing_ok=True)
+        t1 = time.perf_counter()
         if self._tokenizer is None:  # decoding only, under its lock: not one of vLLM's pooled copies
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        phases["tokenizer"] = round(time.perf_counter() - t1, 3)
         self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop,
                                lambda: self._gauges.read(self._llm))
         self.kv_capacity_tokens = kv_tokens(self._llm)
         warm_s = self._warm_renderer()
+        phases["renderer_warm"] = round(warm_s, 3)
+        self.start_phases = phases
         log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens, renderer warmed in "
                  "%.2fs)", self.model_dir.name, self.start_seconds, self.builds,
                  args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens, warm_s)

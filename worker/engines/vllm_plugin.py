@@ -75,8 +75,9 @@ split_fix = _Switch()
 
 def register() -> None:
     """Entry point: apply every fix this process's vLLM needs (safe to call repeatedly)."""
-    from worker.engines import vllm_compat
+    from worker.engines import vllm_compat, vllm_startup
 
+    vllm_startup.install_from_env()  # the engine build's phases, from this process's log lines
     family = vllm_compat.family()
     disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
     for name in family.fixes():

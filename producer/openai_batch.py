@@ -1,0 +1,180 @@
+"""Submitting an OpenAI Batch input file, and writing its output and error files.
+
+    batch = plan_batch(client, "requests.jsonl", job="invoices")   # reads and checks every line
+    handle = submit_batch(client, batch, job="invoices")            # its accepted lines, one image each
+    write_files(client, "invoices", Path("out/"), follow=True)      # out/output.jsonl, errors.jsonl, _SUCCESS
+
+Each line is parsed (``ocrq.openai_requests``); its image becomes a ref (a ``data:`` URI written
+once to the store, ``ocrq.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
+``custom_id`` the image's manifest row, its task and params the image's own. A line that cannot
+run gets an error line (``ocrq.openai_responses.rejected_line``) written to the store before
+anything is published; the others run. The accepted lines are one submission (``Client.submit``),
+identified by its content: the same file again is a no-op for lines already done, and resumes a
+submission a killed producer left half written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ocrq import keys
+from ocrq.errors import OcrqError, RefusedRef, TooLarge
+from ocrq.fetch import fetch
+from ocrq.inline_images import InlineImages, is_data_uri
+from ocrq.intake import IntakePlan, check_ref
+from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
+from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
+from ocrq.refs import parse
+from ocrq.results import json_line
+from ocrq.s3errors import s3_error
+from producer.client import Client, Job
+
+#: the largest input file read from a URL (OpenAI's own limit for a batch file)
+MAX_URL_FILE_BYTES = 200 * 1024 * 1024
+#: the longest custom_id accepted (it is the image's manifest row)
+MAX_CUSTOM_ID_CHARS = 1024
+
+
+@dataclass
+class BatchPlan:
+    """An input file read: its accepted lines (``plan``) and the error lines of the others."""
+
+    source: str
+    #: sha256[:16] of the file's bytes: names its rejected lines in the store
+    digest: str
+    plan: IntakePlan
+    lines: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return f"{self.lines} lines: {self.plan.accepted} accepted, {len(self.rejected)} rejected"
+
+
+def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str | None]:
+    """The lines of ``source`` (a path, ``s3://bucket/key`` or an http(s) URL) and where a relative
+    image path in it resolves (the file's directory, or its S3 "folder")."""
+    if source.startswith("s3://"):
+        ref = parse(source, client.settings.limits)
+        try:
+            body = client.s3.get_object(Bucket=ref.bucket, Key=ref.key)["Body"]
+        except (BotoCoreError, ClientError) as exc:  # NoSuchKey -> MissingObject, ...
+            raise s3_error(exc, source) from exc
+        folder = ref.key.rpartition("/")[0]
+        return body.iter_lines(keepends=True), f"s3://{ref.bucket}/{folder + '/' if folder else ''}"
+    if source.startswith(("http://", "https://")):
+        limits = client.settings.limits.model_copy(update={"max_bytes": MAX_URL_FILE_BYTES})
+        return iter(fetch(source, limits).splitlines(keepends=True)), None
+    path = Path(source)
+
+    def local() -> Iterator[bytes]:
+        with path.open("rb") as fh:
+            yield from fh
+
+    if not path.is_file():
+        raise RefusedRef(f"no such file: {source}")
+    return local(), path.resolve().parent
+
+
+def plan_batch(client: Client, source: str) -> BatchPlan:
+    """Read and check every line of ``source``; nothing is published (inline images are written
+    to the store, under their content's name)."""
+    lines, base = read_lines(client, source)
+    limits = client.settings.limits
+    workers = client.worker_roots()
+    if not limits.allowed_roots and workers:
+        limits = limits.model_copy(update={"allowed_roots": workers})
+    inline = InlineImages(client.store, limits.max_bytes)
+    hosts: dict[tuple[str, int], str | None] = {}
+    # (a data: URI is base64: 4/3 of its bytes; the rest of a line is small)
+    max_line = limits.max_bytes * 4 // 3 + (1 << 20)
+    seen: dict[bytes, int] = {}  # sha256[:8] of each custom_id -> its line
+    digest = hashlib.sha256()
+    plan = IntakePlan.new()
+    batch = BatchPlan(source, "", plan)
+    failures: list[tuple[str, int, OcrqError]] = []
+    for n, raw in enumerate(lines, 1):
+        digest.update(raw)
+        if not raw.strip():
+            continue
+        batch.lines += 1
+        try:
+            if len(raw) > max_line:
+                raise TooLarge(f"a line of {len(raw):,} bytes (an image over limits.max_bytes, {limits.max_bytes:,})")
+            req = parse_line(raw)
+            if len(req.custom_id) > MAX_CUSTOM_ID_CHARS:
+                raise InvalidLine(f"custom_id of {len(req.custom_id)} characters (at most {MAX_CUSTOM_ID_CHARS})")
+            key = hashlib.sha256(req.custom_id.encode()).digest()[:8]
+            if key in seen:
+                raise DuplicateCustomId(f"custom_id {req.custom_id!r} repeats line {seen[key]}: the first runs")
+            seen[key] = n
+            if is_data_uri(req.image):
+                ref = inline.ref(req.image)
+            else:
+                ref = parse(req.image, limits, base).value
+                reason = check_ref(ref, limits, workers, hosts)
+                if reason is not None:
+                    raise RefusedRef(reason)
+            plan.accept(ref, {"custom_id": req.custom_id}, req.spec())
+        except OcrqError as exc:
+            failures.append((custom_id_of(raw) if len(raw) <= max_line else "", n, exc))
+    inline.flush()  # every inline image is in the store before any ref to it is published
+    batch.digest = digest.hexdigest()[:16]
+    batch.rejected = [rejected_line(cid, n, batch.digest, exc) for cid, n, exc in failures]
+    return batch
+
+
+def submit_batch(client: Client, batch: BatchPlan, *, job: str, priority: int | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> Job:
+    """Record the rejected lines' errors in the store, then submit the accepted lines as one
+    submission of ``job`` (each image with its own task and params)."""
+    if batch.rejected:
+        body = b"".join(json_line(line) + b"\n" for line in batch.rejected)
+        client.store.put_many([(keys.openai_rejected(job, batch.digest), body)])
+    return client.submit(batch.plan, job=job, priority=priority, progress=progress, openai_batch=True)
+
+
+def write_files(client: Client, job: str, out: Path, *, follow: bool = False, poll: float = 1.0,
+                timeout: float | None = None) -> dict[str, Any]:
+    """Write ``out/output.jsonl`` and ``out/errors.jsonl`` (every line final now) and, when every
+    line is final, ``out/_SUCCESS`` last. ``follow``: append lines as images finish (the files
+    are readable meanwhile) until the job is finished; ``TimeoutError`` after ``timeout`` s."""
+    out.mkdir(parents=True, exist_ok=True)
+    success = out / keys.EXPORT_SUCCESS
+    success.unlink(missing_ok=True)
+    handle = client.job(job)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    written: set[str] = set()
+    with (out / keys.OPENAI_OUTPUT).open("wb") as fo, (out / keys.OPENAI_ERRORS).open("wb") as fe:
+        files = BatchFiles(fo, fe)
+        # known at submit: first (but lines that ran since, from the file fixed)
+        for envelope in rejected(client.store, job, custom_ids(handle.results())):
+            files.add(True, envelope)
+        while True:
+            counts = handle.status()  # before reading: all final then means all read final
+            done = counts["done"] + counts["failed"] >= counts["total"] and not handle.submitting()
+            for image_id, is_error, envelope in final_lines(handle.results()):
+                if image_id not in written:
+                    written.add(image_id)
+                    files.add(is_error, envelope)
+            files.flush()
+            if done or not follow:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job}: {counts}")
+            # each pass reads the job's documents: a large job is read less often (1 s per 20,000)
+            time.sleep(max(poll, counts["total"] / 20_000))
+    marker = {"job": job, "complete": done, "lines": files.lines, "error_lines": files.error_lines,
+              "counts": counts, "files": [keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS]}
+    if done:
+        tmp = out / f".{keys.EXPORT_SUCCESS}.tmp"
+        tmp.write_bytes(json_line(marker) + b"\n")
+        os.replace(tmp, success)
+    return marker

@@ -1,0 +1,94 @@
+"""A worker's start, phase by phase (worker.startup), and vLLM's build phases read from its log
+lines (worker.engines.vllm_startup): pure, with a fake clock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from worker.engines import vllm_startup
+from worker.startup import StartupClock, process_started_at
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_phases_add_up_to_ready() -> None:
+    clock = FakeClock(100.0)
+    s = StartupClock(started_at=98.5, clock=clock)
+    s.mark("interpreter")
+    clock.now = 101.0
+    s.mark("celery")
+    clock.now = 131.0
+    s.mark("engine")
+    s.add_detail("engine", {"llm": 27.5, "compile": 9.25})
+    clock.now = 131.5
+    s.mark("governor")
+    clock.now = 132.0
+    assert s.ready() == 33.5
+    assert s.phases == {"interpreter": 1.5, "celery": 1.0, "engine": 30.0, "governor": 0.5, "consumer": 0.5}
+    assert sum(s.phases.values()) == s.ready_s
+    assert s.state()["detail"] == {"engine.llm": 27.5, "engine.compile": 9.25}
+    assert s.summary().startswith("ready in 33.5s: interpreter 1.5s, celery 1.0s, engine 30.0s")
+
+
+def test_process_start_is_this_process() -> None:
+    started = process_started_at()
+    assert started <= time.time()
+    # a test process has run for a while, never for days
+    assert time.time() - started < 86400
+
+
+LINES = {
+    "Loading weights took 3.21 seconds": ("weights", 3.21),
+    "Model loading took 2.1 GiB memory and 4.500000 seconds": ("model_load", 4.5),
+    "Model loading took 2.1 GiB and 4.500000 seconds": ("model_load", 4.5),
+    "torch.compile took 19.02 s in total": ("compile", 19.02),
+    "Graph capturing finished in 12 secs, took 0.41 GiB": ("cuda_graphs", 12.0),
+    "init engine (profile, create kv cache, warmup model) took 41.30 s": ("init_engine", 41.3),
+    "Memory profiling takes 6.12 seconds. Total non-torch memory ...": ("profile", 6.12),
+}
+
+
+def test_vllm_lines_parse() -> None:
+    for message, expected in LINES.items():
+        assert vllm_startup.parse(message) == expected, message
+    assert vllm_startup.parse("Automatically detected platform cuda.") is None
+
+
+def test_handler_writes_what_the_engine_reads(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "phases.jsonl"
+    monkeypatch.setenv(vllm_startup.ENV, str(path))
+    logger = logging.getLogger("vllm")
+    before = list(logger.handlers)
+    try:
+        assert vllm_startup.install_from_env()
+        assert vllm_startup.install_from_env()  # idempotent: one handler
+        assert len(logger.handlers) == len(before) + 1
+        old_level = logger.level
+        logger.setLevel(logging.INFO)
+        child = logging.getLogger("vllm.compilation.backends")
+        child.info("Compiling a graph for compile range %s takes %.2f s", (1, 16384), 4.0)
+        child.info("torch.compile took %.2f s in total", 7.5)
+        child.info("torch.compile took %.2f s in total", 2.5)  # a second compile range: summed
+        logging.getLogger("vllm.v1.engine.core").info(
+            "init engine (profile, create kv cache, warmup model) took %.2f s", 20.0)
+        logger.setLevel(old_level)
+    finally:
+        for h in list(logger.handlers):
+            if h not in before:
+                logger.removeHandler(h)
+    assert vllm_startup.read(path) == {"compile": 10.0, "init_engine": 20.0}
+    assert all(f'"pid": {os.getpid()}' in line for line in path.read_text().splitlines())
+
+
+def test_no_env_no_handler(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(vllm_startup.ENV, raising=False)
+    assert not vllm_startup.install_from_env()
+    assert vllm_startup.read(tmp_path / "absent.jsonl") == {}

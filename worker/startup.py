@@ -1,0 +1,76 @@
+"""A worker's start, phase by phase: where the seconds from ``exec`` to the first message go.
+
+Phases, in order (each the wall time since the previous mark):
+
+    interpreter  process start → ``run_worker`` (Python, ocrq's and Celery's imports, settings)
+    celery       the Celery app, tasks and consumer steps, up to Celery's ``worker_init``
+    engine       the engine's start (``Engine.start``); the engine may break it down further
+                 (``engine.<name>``: vLLM's weights, compile, CUDA graphs … from its own log lines)
+    governor     the memory probe and the governor (restored from its saved snapshot)
+    services     the engine loop, metrics, store, cache and the submission feeder
+    gc           one full collection, then everything alive frozen out of the collector's reach
+    consumer     Celery's consumer: broker connection, queues, the prefetch and reaper steps
+
+``ready_s`` is the sum: what KEDA or a replaced spot GPU pays before the worker takes work. The
+breakdown goes to the log (one line), the worker's state in Redis (``start``) and its metrics
+(``ocrq_worker_start_seconds{phase}``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+
+def process_started_at() -> float:
+    """This process's start (epoch seconds) from /proc; now where /proc is not there."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime: field 22, counted from after "(comm)"
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class StartupClock:
+    """Marks phases as they end; ``clock`` is injectable for tests."""
+
+    def __init__(self, started_at: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.started_at = process_started_at() if started_at is None else started_at
+        self._last = self.started_at
+        self.phases: dict[str, float] = {}
+        self.detail: dict[str, float] = {}
+        self.ready_s: float | None = None
+
+    def mark(self, phase: str) -> float:
+        """End ``phase`` now; returns its seconds."""
+        now = self._clock()
+        seconds = max(0.0, now - self._last)
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + seconds, 3)
+        self._last = now
+        return seconds
+
+    def add_detail(self, parent: str, parts: dict[str, float]) -> None:
+        """Sub-phases a component measured itself (already inside ``parent``'s seconds)."""
+        for name, seconds in parts.items():
+            self.detail[f"{parent}.{name}"] = round(float(seconds), 3)
+
+    def ready(self) -> float:
+        """The worker takes work from now: the last phase ends."""
+        self.mark("consumer")
+        self.ready_s = round(self._last - self.started_at, 3)
+        return self.ready_s
+
+    def state(self) -> dict[str, object]:
+        return {"ready_s": self.ready_s, "phases": dict(self.phases), "detail": dict(self.detail)}
+
+    def summary(self) -> str:
+        parts = [f"{name} {seconds:.1f}s" for name, seconds in self.phases.items()]
+        detail = [f"{name} {seconds:.1f}s" for name, seconds in self.detail.items()]
+        line = f"ready in {self.ready_s if self.ready_s is not None else float('nan'):.1f}s: " + ", ".join(parts)
+        return line + (f" ({', '.join(detail)})" if detail else "")
