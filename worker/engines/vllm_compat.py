@@ -148,6 +148,33 @@ def _first_module(*names: str, having: str) -> ModuleType:
     raise ImportError(f"none of {', '.join(names)} has {having}: a vLLM this module does not know")
 
 
+def keep_log_handler(handler: Any) -> None:
+    """Keep ``handler`` on the ``vllm`` logger for good. From 0.32 vLLM configures its logging
+    when an engine is built (``vllm.logger._configure_vllm_root_logger``, which replaces the
+    logger's handlers), after the plugins ran; 0.26 configures it on import, before them."""
+    import logging
+
+    import vllm.logger
+
+    logging.getLogger("vllm").addHandler(handler)
+    configure = getattr(vllm.logger, "_configure_vllm_root_logger", None)
+    if configure is None:
+        return
+    kept: list[Any] | None = getattr(configure, "__ocrq_kept__", None)
+    if kept is None:
+        original, kept = configure, []
+
+        def configure_and_keep(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            for h in kept:
+                logging.getLogger("vllm").addHandler(h)  # a no-op for one already there
+            return result
+
+        configure_and_keep.__ocrq_kept__ = kept  # type: ignore[attr-defined]
+        vllm.logger._configure_vllm_root_logger = configure_and_keep
+    kept.append(handler)
+
+
 def engine_dead_error() -> type[BaseException]:
     """The exception a dead engine core raises into ``LLMEngine.step()``."""
     from vllm.v1.engine.exceptions import EngineDeadError
