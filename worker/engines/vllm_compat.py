@@ -153,11 +153,11 @@ def keep_log_handler(handler: Any) -> None:
     when an engine is built (``vllm.logger._configure_vllm_root_logger``, which replaces the
     logger's handlers), after the plugins ran; 0.26 configures it on import, before them."""
     import logging
-
-    import vllm.logger
+    import sys
 
     logging.getLogger("vllm").addHandler(handler)
-    configure = getattr(vllm.logger, "_configure_vllm_root_logger", None)
+    module = sys.modules.get("vllm.logger")  # not imported: nothing has configured vLLM's logging yet
+    configure = getattr(module, "_configure_vllm_root_logger", None)
     if configure is None:
         return
     kept: list[Any] | None = getattr(configure, "__ocrq_kept__", None)
@@ -171,7 +171,7 @@ def keep_log_handler(handler: Any) -> None:
             return result
 
         configure_and_keep.__ocrq_kept__ = kept  # type: ignore[attr-defined]
-        vllm.logger._configure_vllm_root_logger = configure_and_keep
+        setattr(module, "_configure_vllm_root_logger", configure_and_keep)  # noqa: B010 (module may be None to mypy)
     kept.append(handler)
 
 
