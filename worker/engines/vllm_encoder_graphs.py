@@ -24,11 +24,11 @@ How a page runs (vLLM's manager does the packing, budgets and capture; this is t
 Installed by the plugin (``worker/engines/vllm_plugin.py``) in every vLLM process; inert unless
 the engine's compilation config turns encoder graphs on, which ``compilation_config`` below does.
 
-Measured on the H200 (docs/bench/gpu-vllm.md, sixteenth session): the captured graphs give what
+Measured on the H200 (docs/bench/gpu-vllm.md, 2026-12-04): the captured graphs give what
 vLLM's eager tower gives (0.0000 in bf16), the tower's share of the engine core's main thread fell
-from 35-38 % to 4 %, but img/s did not follow (1.10× and 0.97× in two leases) and the graphs cost
+from 35-38 % to 4 %, but img/s did not follow (1.10× and 0.97× on two machines) and the graphs cost
 ~18k KV tokens at 24 GiB: opt-in (``engine.vision_cuda_graphs``). The engine alone, all pages
-queued at once (seventeenth session): 20.31 img/s with graphs, 20.26 without.
+queued at once (2026-12-04): 20.31 img/s with graphs, 20.26 without.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ import math
 from itertools import accumulate
 from typing import Any
 
-#: vLLM releases whose hunyuan_vision tower and encoder-graph manager this mirrors
-VERSIONS = ("0.26.",)
 _PATCHED_ATTR = "__ocrq_encoder_graphs__"
 #: patches a graph holds per output token of its budget (a page's output ≥ its patches / 4)
 PATCHES_PER_TOKEN = 4
@@ -77,18 +75,18 @@ def compilation_config(max_pixels: int, max_model_len: int) -> dict[str, Any]:
             "encoder_cudagraph_max_vision_items_per_batch": 1}
 
 
-def install(version: str) -> bool:
-    """Give vLLM's HunyuanVL model the encoder-graph protocol (idempotent)."""
-    if not version.startswith(VERSIONS):
-        return False
-    from vllm.model_executor.models import hunyuan_vision as hv
+def install() -> bool:
+    """Give vLLM's native HunyuanVL model the encoder-graph protocol (idempotent). Applied where
+    ``vllm_compat`` lists it: releases with the native model (0.26), whose tower and encoder-graph
+    manager this mirrors."""
+    from worker.engines import vllm_compat
 
-    model = hv.HunYuanVLForConditionalGeneration
+    model = vllm_compat.hunyuan_vision().HunYuanVLForConditionalGeneration
     if getattr(model, _PATCHED_ATTR, False):
         return True
     for name, fn in _METHODS.items():
         setattr(model, name, fn)
-    model.supports_encoder_cudagraph = True  # type: ignore[attr-defined]
+    model.supports_encoder_cudagraph = True
     setattr(model, _PATCHED_ATTR, True)
     return True
 

@@ -1,4 +1,4 @@
-"""HunyuanOCR on an in-process ``vllm.LLM`` (vLLM's Transformers backend + ocrq's vLLM plugin).
+"""HunyuanOCR on an in-process ``vllm.LLM`` + ocrq's vLLM plugin (0.26: native model; 0.32+: Transformers backend).
 
 One micro-batch = one chat request per image (each with its own task and prompt), handed to the
 engine together so vLLM's continuous batching interleaves them. We drive ``LLMEngine.step()``
@@ -30,7 +30,7 @@ from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.costs import ModelProfile
-from worker.engines import hunyuan, vllm_startup, vllm_vision
+from worker.engines import hunyuan, vllm_compat, vllm_startup, vllm_vision
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
 from worker.engines.render_ahead import RenderAhead, one_torch_thread
@@ -162,7 +162,9 @@ class VllmEngine:
         import torch
 
         graphs = compilation_config(s, torch.cuda.is_available())
-        if graphs:
+        if graphs and not vllm_compat.family().native_model:  # the graphs patch 0.26's native tower
+            log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", vllm_compat.family())
+        elif graphs:
             args["compilation_config"] = graphs
         args.update(dict(s.extra.get("vllm", {})))
         return args
@@ -362,8 +364,7 @@ class VllmEngine:
                 by, engine_input = future.result()
                 # rendered for an engine since torn down (or before the first build): again, now
                 inputs[i] = engine_input if by is llm else self._render(llm, batch[i])
-            # vLLM's validation errors are ValueErrors (0.26: VLLMValidationError)
-            except (ValueError, TypeError, KeyError, OSError) as exc:
+            except vllm_compat.client_errors() as exc:  # vLLM's refusal of this request
                 errors[i] = admission_error(batch[i], exc, self.settings.max_model_len)  # this image only
         mine: dict[str, Gen] = {}
         t0 = time.perf_counter()
@@ -416,5 +417,5 @@ class VllmEngine:
         as the OpenAI server), i.e. token ids plus processed multimodal inputs."""
         image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
         messages = image_messages(request, self.version, {"type": "image_pil", "image_pil": image})
-        (engine_input,) = llm._preprocess_chat([messages])  # vLLM 0.32: LLM.chat's own renderer
+        (engine_input,) = llm._preprocess_chat([messages])  # LLM.chat's own renderer (0.26 and 0.32)
         return engine_input

@@ -130,7 +130,7 @@ def wait_ready(root_url: str, proc: subprocess.Popen[bytes] | None = None, timeo
 
 
 def stop_server(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM the server's process group (API server, engine core, helpers), wait up to
+    """SIGTERM the server's process group (API server, engine core, their child processes), wait up to
     ``grace`` seconds for all of it to exit, then SIGKILL what is left."""
     deadline = time.monotonic() + grace
     try:

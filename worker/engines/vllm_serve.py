@@ -14,10 +14,11 @@ from __future__ import annotations
 
 def main() -> None:
     from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from worker.engines.vllm_compat import serve_parts
+
+    cli_env_setup, make_arg_parser, validate_parsed_serve_args = serve_parts()
     cli_env_setup()
     parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-compatible server (ocrq)"))
     args = parser.parse_args()

@@ -66,7 +66,9 @@ def install_from_env() -> bool:
     logger = logging.getLogger("vllm")
     if any(isinstance(h, PhaseLog) and h.path == path for h in logger.handlers):
         return True
-    logger.addHandler(PhaseLog(path))
+    from worker.engines import vllm_compat
+
+    vllm_compat.keep_log_handler(PhaseLog(path))  # 0.32 replaces the logger's handlers later
     return True
 
 

@@ -1,9 +1,9 @@
-"""Opt-in, not yet measured on a GPU: HunyuanOCR's vision tower on groups of pages, not page by page.
+"""Opt-in: HunyuanOCR's vision tower on groups of pages, not page by page (vLLM 0.26's native model).
 
 vLLM 0.26's ``HunYuanVisionTransformer.forward`` runs each of its 27 layers on each page of a
 step separately, in eager mode. On the H200 its engine core was CPU-bound (main thread 94-99 %
 of a core, the GPU busy ~75 % of the time) and 30 % of that thread was launching the tower's
-kernels, page by page (docs/bench/gpu-vllm.md, ninth session). A 1024×768 page is 3,072
+kernels, page by page (docs/bench/gpu-vllm.md, "Where the warm set's time goes"). A 1024×768 page is 3,072
 patches: ~0.7 ms of GPU work per layer, about what launching the layer costs on the CPU.
 
 With ``engine.vision_group_patches`` = N > 0 the tower runs pages together, in groups of at most
@@ -14,6 +14,10 @@ in bf16 their rounding may depend on the group (the batch-invariance tests measu
 the activations to those of one N-patch page; 16384 is a little more than a 2048×1536 page
 (12,288), the largest of the benchmark. It also drops the tower's one GPU sync (page lengths come
 from the grid, on the host).
+
+Measured on the H200 (docs/bench/gpu-vllm.md, 2026-12-02, 16384 patches): each page's first step
+in bf16 0.0157 alone vs batch, warm img/s 1.11× and 1.02× vLLM's loop in two A/B pairs, the
+tower's share of the engine core's main thread 35 % → 25 %; a small gain, so it stays opt-in.
 
 The worker passes N to every vLLM process as ``OCRQ_VLLM_VISION_GROUP_PATCHES``; the patched
 forward reads it per call (0 or unset: vLLM's own loop), so a test can switch it on a live engine.
@@ -27,8 +31,6 @@ from itertools import accumulate
 from typing import Any
 
 ENV = "OCRQ_VLLM_VISION_GROUP_PATCHES"
-#: vLLM releases whose ``HunYuanVisionTransformer.forward`` this mirrors (the patch's math is theirs)
-VERSIONS = ("0.26.",)
 _PATCHED_ATTR = "__ocrq_patched__"
 
 #: tower forwards by vLLM's loop and grouped, groups run, most pages in one (tests read these)
@@ -56,13 +58,13 @@ def groups(lengths: Sequence[int], limit: int) -> list[range]:
     return out
 
 
-def install(version: str) -> bool:
-    """Wrap the tower's forward (idempotent); the wrapper runs vLLM's own unless N > 0."""
-    if not version.startswith(VERSIONS):
-        return False
-    from vllm.model_executor.models import hunyuan_vision as hv
+def install() -> bool:
+    """Wrap the native tower's forward (idempotent); the wrapper runs vLLM's own unless N > 0.
+    Applied where ``vllm_compat`` lists it: releases with the native model (0.26), whose
+    ``HunYuanVisionTransformer.forward`` this mirrors."""
+    from worker.engines import vllm_compat
 
-    tower = hv.HunYuanVisionTransformer
+    tower = vllm_compat.hunyuan_vision().HunYuanVisionTransformer
     if getattr(tower.forward, _PATCHED_ATTR, False):
         return True
     original = tower.forward
@@ -75,7 +77,7 @@ def install(version: str) -> bool:
         return _grouped(self, x, grid_thw, limit)
 
     setattr(forward, _PATCHED_ATTR, True)
-    tower.forward = forward  # type: ignore[method-assign]
+    tower.forward = forward
     return True
 
 
