@@ -135,6 +135,13 @@ def serve_parts() -> tuple[Any, Any, Any]:
     return setup.cli_env_setup, cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
 
 
+def batch_models() -> ModuleType:
+    """The module with vLLM's Batch file models (``BatchRequestInput``, ``BatchRequestOutput``):
+    ``vllm.entrypoints.openai.run_batch`` (0.26), ``vllm.entrypoints.launchers.run_batch`` (0.32)."""
+    return _first_module("vllm.entrypoints.launchers.run_batch", "vllm.entrypoints.openai.run_batch",
+                         having="BatchRequestInput")
+
+
 def _first_module(*names: str, having: str) -> ModuleType:
     import importlib
 
