@@ -140,8 +140,13 @@ def test_a_master_killed_mid_job_loses_no_image(ha, ha_workers, tmp_path):
     _check_job(job, 400)
     assert resumed <= RESUME_MAX_S, resumed
     # and the workers keep consuming: a second job after the reconnect (celery#8030)
+    _second_job(client, tmp_path, "after-kill")
+
+
+def _second_job(client: Client, tmp_path: Path, job: str) -> None:
+    """Workers still consume after the reconnect (celery#8030): a new job runs whole."""
     word_images(tmp_path / "in2", 40, seed=1)
-    second = client.submit([str(tmp_path / "in2")], job="after-kill")
+    second = client.submit([str(tmp_path / "in2")], job=job)
     second.wait(timeout=120)
     _check_job(second, 40)
 
@@ -167,10 +172,7 @@ def test_a_demoted_master_answering_readonly_is_left_for_the_new_one(ha, ha_work
     _check_job(job, 200)
     assert resumed <= RESUME_MAX_S, resumed
     # and a second job is consumed after the reconnect
-    word_images(tmp_path / "in2", 40, seed=1)
-    second = client.submit([str(tmp_path / "in2")], job="after-demotion")
-    second.wait(timeout=120)
-    _check_job(second, 40)
+    _second_job(client, tmp_path, "after-demotion")
 
 
 def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes_back(ha):

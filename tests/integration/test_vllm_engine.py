@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,14 +32,13 @@ from tests.integration.vllm_support import (
     encoder_graph_outputs,
     engine_settings,
     flask_proxies_bound,
+    in_process_vllm_env,
     make_images,
     needs_fix,
     requests_for,
-    require_vllm,
     tiny_checkpoint,
     transformers_reference,
     vision_embeddings,
-    vllm_env,
 )
 from worker.engines.base import OcrRequest
 
@@ -55,12 +53,7 @@ def _on_cuda() -> bool:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    require_vllm()
-    values = vllm_env(tmp_path_factory.mktemp("vllm-env"))
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in values.items():
-            mp.setenv(key, value)
-        mp.setattr(tempfile, "tempdir", values["TMPDIR"])  # gettempdir() caches its first answer
+    with in_process_vllm_env(tmp_path_factory.mktemp("vllm-env")) as values:
         yield values
 
 

@@ -8,25 +8,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_support import ROOT, needs_fix, require_vllm, tiny_checkpoint, vllm_env
+from tests.integration.vllm_support import ROOT, in_process_vllm_env, needs_fix, tiny_checkpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    require_vllm()
-    values = vllm_env(tmp_path_factory.mktemp("vllm-fresh-env"))
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in values.items():
-            mp.setenv(key, value)
-        mp.setattr(tempfile, "tempdir", values["TMPDIR"])  # gettempdir() caches its first answer
+    with in_process_vllm_env(tmp_path_factory.mktemp("vllm-fresh-env")) as values:
         yield values
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +98,18 @@ def vllm_env(tmp: Path) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+
+
+@contextmanager
+def in_process_vllm_env(tmp: Path) -> Iterator[dict[str, str]]:
+    """``vllm_env`` set in this process (an in-process engine reads it), undone afterwards."""
+    require_vllm()
+    values = vllm_env(tmp)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in values.items():
+            mp.setenv(key, value)
+        mp.setattr(tempfile, "tempdir", values["TMPDIR"])  # gettempdir() caches its first answer
+        yield values
 
 
 def engine_settings(model_dir: Path, kind: str, **overrides: Any) -> EngineSettings:
