@@ -116,14 +116,17 @@ if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) en
 return out
 """
 
-# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash. Archives the
-# job when it is finished and its export was asked for since its last new work (submit and
-# reprocess clear the flag): the per-image keys and its submissions go (UNLINK: freed off Redis's
-# main thread), meta and counts stay.
+# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash. ARGV: the
+# job's total when its export began. Archives the job when it is finished and its export was
+# asked for since its last new work (submit and reprocess clear the flag), and the export covers
+# every image: the per-image keys and its submissions go (UNLINK: freed off Redis's main thread),
+# meta and counts stay. -1: images came in while the export ran without a submission (a chunk
+# whose records Redis lost, redelivered): that export is stale.
 _ARCHIVE_LUA = """
 local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed')
 local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
 if done + failed < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
+if total ~= tonumber(ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[4], 'archived', '1')
 redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
 return 1
@@ -227,13 +230,16 @@ class JobIndex:
         pipe.hincrby(keys.job_counts(job), "store_gets", gets)
         pipe.execute()
 
-    def archive(self, job: str) -> bool:
+    def archive(self, job: str, exported_total: int) -> int:
         """Move a finished, exported job out of Redis: its per-image records, failed registry and
         submissions are deleted (their documents are in the store; the caller deletes the refs
-        shards), its meta and counts stay. False when the job got new work since its export was
-        asked for (it is archived after its next export)."""
-        return bool(self._archive(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job),
-                                        keys.job(job), keys.job_finishing(job), keys.job_feed(job)]))
+        shards), its meta and counts stay. ``exported_total``: the job's total when its export
+        began. Returns 1 when archived; 0 when the job got new work since its export was asked
+        for (it is archived after its next export); -1 when its total moved while the export ran
+        (the export is stale: the caller asks for another)."""
+        return int(self._archive(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job),
+                                       keys.job(job), keys.job_finishing(job), keys.job_feed(job)],
+                                 args=[exported_total]))
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -335,21 +335,32 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             ctx.redis.delete(keys.job_finishing(job))  # the next finishing chunk or `ocrq export` retries
             raise
         log.info("← export job=%s %s", job, marker)
-        if marker.get("exported"):
-            _archive(ctx, job)
+        if marker.get("exported") and not _archive(ctx, job, marker["counts"]["total"]):
+            # images came in while it ran (redelivered chunks whose records Redis lost): export again
+            ctx.redis.delete(keys.job_finishing(job))
+            queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
+            request_export(ctx.redis, ctx.index, job, lambda tid: app.send_task(
+                FINISH_JOB_TASK, args=[job], task_id=tid, queue=queue), ctx.settings.redis.job_ttl)
         return marker
 
     return ocr_chunk
 
 
-def _archive(ctx: WorkerContext, job: str) -> None:
+def _archive(ctx: WorkerContext, job: str, exported_total: int) -> bool:
     """A finished job's export is written: its per-image records leave Redis (its documents are
-    all in the store), and its refs shards (presigned URLs among them) the store."""
-    if not ctx.index.archive(job):
-        return  # new work came in since its export was asked for: archived after the next one
+    all in the store), and its refs shards (presigned URLs among them) the store. False when the
+    export is stale: the job's total moved while it ran."""
+    archived = ctx.index.archive(job, exported_total)
+    if archived < 0:
+        log.warning("! export job=%s covered %d images, the job has more now: exporting again", job,
+                    exported_total)
+        return False
+    if archived == 0:
+        return True  # new work came in since its export was asked for: archived after the next one
     shards = list(ctx.store.list(keys.refs_prefix(job)))
     ctx.store.delete_many(shards)
     log.info("← archive job=%s (%d refs shards deleted)", job, len(shards))
+    return True
 
 
 def _outage_wait(ctx: WorkerContext, err: OcrqError, since: float | None) -> float | None:

@@ -45,11 +45,13 @@ def test_a_finished_job_leaves_redis_but_keeps_its_counts_and_cost(redis_client)
     index.record([rec(i, ImageStatus.queued) for i in range(3)], mode="submit")
     index.record([rec(0, ImageStatus.done, engine_s=0.5, batch_size=2),
                   rec(1, ImageStatus.done, engine_s=0.5, batch_size=2), rec(2, ImageStatus.running)])
-    assert not index.archive("j")  # not finished
+    assert index.archive("j", 3) == 0  # not finished
     index.record([rec(2, ImageStatus.failed, error=ErrorInfo(type="BadImage", message="x"))])
-    assert not index.archive("j")  # finished, but no export asked for
+    assert index.archive("j", 3) == 0  # finished, but no export asked for
     redis_client.set(keys.job_finishing("j"), "1")
-    assert index.archive("j") and index.archived("j")
+    # an export that began when the job had 2 images covers 2: stale, the records stay
+    assert index.archive("j", 2) == -1 and not index.archived("j")
+    assert index.archive("j", 3) == 1 and index.archived("j")
     assert not redis_client.exists(keys.job_images("j"), keys.job_failed("j"))
     c = index.counts("j")
     assert c == {**c, "total": 3, "done": 2, "failed": 1, "running": 0}

@@ -78,7 +78,7 @@ def test_an_archived_job_reads_through_its_index_and_a_reprocess_replaces_lines(
     marker = export_job(index, store, "j")
     assert marker["exported"] and marker["lines"] == 8
     redis_client.set(keys.job_finishing("j"), "1")
-    assert index.archive("j") and not redis_client.exists(keys.job_images("j"))
+    assert index.archive("j", index.counts("j")["total"]) and not redis_client.exists(keys.job_images("j"))
     idx = store.get_json(keys.results_index("j"))
     # in the order the walk met them; part 2 (id0's second result) holds nothing current
     assert [(name[-10:], skip) for name, skip in idx["parts"]] == [("0001.jsonl", []), ("0003.jsonl", [])]
@@ -103,7 +103,7 @@ def test_an_archived_job_reads_through_its_index_and_a_reprocess_replaces_lines(
     assert sorted(line["id"] for line in exported) == [f"id{i}" for i in range(8)]
     assert {line["id"]: line["text"] for line in exported}["id4"] == "v2 id4"
     redis_client.set(keys.job_finishing("j"), "1")
-    assert index.archive("j")
+    assert index.archive("j", index.counts("j")["total"])
     assert texts() == {**archived, "id4": ("done", "v2 id4")}
 
 
@@ -128,7 +128,7 @@ def test_a_job_archived_while_it_is_read_is_read_whole(job, redis_client, read_b
     got = [next(reader) for _ in range(read_before)]
     assert export_job(index, store, "j")["exported"]
     redis_client.set(keys.job_finishing("j"), "1")
-    assert index.archive("j")
+    assert index.archive("j", index.counts("j")["total"])
     store.delete_many(store.list(keys.refs_prefix("j")))
     got += list(reader)
     assert sorted(r.record.id for r in got) == [f"id{i}" for i in range(8)]
