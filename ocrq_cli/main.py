@@ -167,7 +167,8 @@ def submit(
     """Submit image references as job JOB.
 
     Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
-    published), 3 (with --wait) some images failed, 4 (with --wait) timed out."""
+    published), 3 (with --wait) some images failed, 4 (with --wait) timed out, 5 not confirmed
+    on the replicas (a Sentinel broker failed over: run it again)."""
     if openai_batch is not None or not refs:  # (ocrq_cli.openai_batch)
         from ocrq_cli import openai_batch as batch
 

@@ -21,7 +21,9 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
     write ``out/output.jsonl``, ``out/errors.jsonl`` and (once every line is final) ``out/_SUCCESS``.
 
     Exit codes: 0 submitted (waiting: every line done), 2 the file cannot be read (nothing
-    published), 3 (waiting) some lines failed or could not run, 4 (waiting) timed out."""
+    published), 3 (waiting) some lines failed or could not run, 4 (waiting) timed out, 5 not
+    confirmed on the replicas (run it again)."""
+    from producer.acked import NotReplicated
     from producer.client import BrokerFull
     from producer.openai_batch import plan_batch, submit_batch, write_files
 
@@ -46,6 +48,9 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
     except BrokerFull as exc:
         console.print(f"[red]submission refused[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
+    except NotReplicated as exc:  # written, but not confirmed on the replicas: run it again
+        console.print(f"[red]submission not confirmed[/]: {escape(str(exc))}")
+        raise typer.Exit(code=5) from exc
     except (OcrqError, ValueError) as exc:
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc

@@ -218,3 +218,31 @@ def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:
     rs = RedisSettings(url=ha.url)
     return {fam.name: [(s.labels, s.value) for s in fam.samples]
             for fam in replication_families(redis_conn.client(rs), rs)}
+
+
+def test_a_submission_the_replicas_did_not_confirm_exits_5_and_the_same_command_completes_it(ha, tmp_path):
+    """`ocrq submit` (refs, and an OpenAI Batch file) on a Sentinel URL asking more replicas than
+    there are: written, not confirmed, exit 5 naming the setting; asking what there is, the same
+    command again exits 0."""
+    image = next(iter(word_images(tmp_path / "img", 1)))
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "ocrq", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": str(image)}}]}]}}) + "\n")
+    commands = {"refs": ["submit", str(image), "--job", "acked"],
+                "openai-batch": ["submit", "--openai-batch", str(batch), "--job", "acked-batch"]}
+    for name, args in commands.items():
+        for replicas, code in ((3, 5), (2, 0)):  # HaRedis runs a master and two replicas
+            env = worker_env(ha.url, tmp_path / "store", [tmp_path], OCRQ_REDIS__ACK_REPLICAS=str(replicas),
+                             OCRQ_REDIS__ACK_TIMEOUT_MS="200")
+            run = subprocess.run([sys.executable, "-m", "ocrq_cli", *args], env=env, capture_output=True,
+                                 text=True, timeout=120)
+            out = run.stdout + run.stderr
+            assert run.returncode == code, f"{name}, {replicas} replicas: {out[-2000:]}"
+            if code == 5:
+                assert "not confirmed" in out and "redis.ack_replicas" in out, out[-2000:]
+    client = _client(ha, tmp_path)
+    try:
+        assert client.index.counts("acked")["total"] == 1 and client.index.counts("acked-batch")["total"] == 1
+    finally:
+        client.close()
