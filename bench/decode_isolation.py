@@ -1,4 +1,4 @@
-"""What decoding in supervised child processes (``limits.decode_isolation``, worker.decode)
+"""What decoding in supervised child processes (``limits.decode_isolation``, worker.decoding.decode)
 costs on the hot path, measured two ways in one run:
 
 1. decode only: the same images decoded by 8 threads in this process (``InProcessDecoder``) and
@@ -28,7 +28,7 @@ from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.settings import LimitSettings, Settings
 from producer.client import Client
 from tests.fixtures.images import word_images
-from worker.decode import Decoder, InProcessDecoder, IsolatedDecoder
+from worker.decoding.decode import Decoder, InProcessDecoder, IsolatedDecoder
 
 
 def photos(folder: Path, n: int) -> list[Path]:

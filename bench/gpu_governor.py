@@ -6,8 +6,8 @@ Subcommands (each fits one 10-minute device command; results are JSON files):
   and token equality (graph vs HF generate at batch 1; batched vs alone in graph mode).
 - ``runs``: the mixed workload (≥ 200 images: ~60% 1024×768, 30% 2048×1536, 10% 600×400, one
   shuffled order for every run), exactly 256 new tokens per image (EOS ignored, no repetition
-  stop): static batches 1, 4, 8, 16, 32, 64, then the governor (``worker.governor`` +
-  ``worker.engine_loop.EngineLoop`` + ``worker.nvml``); plus a batch-size table at 1024×768
+  stop): static batches 1, 4, 8, 16, 32, 64, then the governor (``worker.governor.governor`` +
+  ``worker.loop.engine_loop.EngineLoop`` + ``worker.memory.nvml``); plus a batch-size table at 1024×768
   (batch vs peak vs img/s, the shape public HunyuanOCR deployment guides publish).
 - ``report``: docs/bench/gpu-governor.{json,md,png} from those files.
 
@@ -54,7 +54,7 @@ def _requests(images: list[Any], tokens: int) -> list[Any]:
 
 def _engine(model: Path, decode: str = "graph", dtype: str = "auto") -> Any:
     from ocrq.settings import EngineSettings
-    from worker.engines.transformers_engine import TransformersEngine
+    from worker.engines.transformers.engine import TransformersEngine
 
     settings = EngineSettings(kind="transformers", model_dir=model, max_new_tokens=256, repetition_stop=0,
                               max_pixels=2048 * 2048, dtype=dtype, extra={"decode": decode, "ignore_eos": True})
@@ -171,8 +171,8 @@ def run_governor(
 
     from ocrq.settings import BatchSettings
     from worker.context import governor_for
-    from worker.engine_loop import EngineLoop
-    from worker.nvml import NvmlProbe
+    from worker.loop.engine_loop import EngineLoop
+    from worker.memory.nvml import NvmlProbe
 
     tracker = PeakTracker(engine)
     torch.cuda.empty_cache()
@@ -442,7 +442,7 @@ def main() -> None:
     if args.command == "report":
         report(args.out / "runs.json", args.decode_json, args.out)
         return
-    from worker.engines.transformers_engine import ALLOC_CONF
+    from worker.engines.transformers.engine import ALLOC_CONF
 
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", ALLOC_CONF)  # as the engine does; before CUDA starts
     _checkpoint(args.model)

@@ -327,7 +327,7 @@ def worker(args: argparse.Namespace) -> None:
     try:
         if args.server:
             from ocrq.settings import EngineSettings
-            from worker.engines.vllm_launcher import api_servers, launch_server
+            from worker.engines.vllm.launcher import api_servers, launch_server
 
             sport = free_port()
             es = EngineSettings(kind="vllm-server", model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
@@ -381,7 +381,7 @@ def worker(args: argparse.Namespace) -> None:
     finally:
         sampler.stop.set()
         if server is not None:
-            from worker.engines.vllm_launcher import stop_server
+            from worker.engines.vllm.launcher import stop_server
 
             stop_server(server)
         redis_proc.terminate()

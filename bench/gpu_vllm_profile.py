@@ -138,7 +138,7 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
         kw["gpu_memory_utilization"] = _utilization(args.cap_gb)
     if args.vision_cuda_graphs and cuda:
         from ocrq.settings import EngineSettings
-        from worker.engines.vllm_encoder_graphs import compilation_config
+        from worker.engines.vllm.encoder_graphs import compilation_config
 
         # these rows pass no mm_processor_kwargs: the processor's own bounds, ocrq's default max_pixels
         kw["compilation_config"] = compilation_config(EngineSettings().max_pixels, args.max_model_len)

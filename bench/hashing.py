@@ -69,7 +69,7 @@ def decode_row(budget: float) -> list[str]:
     from PIL import Image
 
     from ocrq.settings import LimitSettings
-    from worker.images import decode
+    from worker.decoding.images import decode
 
     buf = io.BytesIO()
     Image.effect_noise((2000, 1500), 40).convert("RGB").save(buf, "JPEG", quality=85)
@@ -142,7 +142,7 @@ def main() -> None:
            f"blake3: {blake3_version or 'not installed'}; msgpack: {msgpack_version or 'not installed'}")
     report = "\n\n".join([
         "### Content hash (one thread, best of N)", table(head, hashes),
-        "### For scale: decoding the same kind of payload (worker.images.decode, one thread)",
+        "### For scale: decoding the same kind of payload (worker.decoding.images.decode, one thread)",
         table(["payload", "decode ms", "sha256 ms"], [decode_row(args.budget)]),
         "### One ImageResult (1 page, 40 lines with boxes)",
         table(["codec", "bytes", "encode µs", "decode µs"], serial),

@@ -43,9 +43,9 @@ def render(folder: Path, n: int) -> list[Path]:
 
 
 def direct(paths: list[Path]) -> float:
+    from worker.decoding.images import decode
     from worker.engines.base import OcrRequest
     from worker.engines.rapid import RapidOcrEngine
-    from worker.images import decode
 
     engine = RapidOcrEngine(EngineSettings())
     engine.start()

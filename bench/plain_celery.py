@@ -41,8 +41,8 @@ def _engine() -> Any:
 
 @app.task(name="plain.ocr_image")
 def ocr_image(path: str) -> dict[str, Any]:
+    from worker.decoding.images import decode
     from worker.engines.base import OcrRequest
-    from worker.images import decode
 
     data = Path(path).read_bytes()
     sha = hashlib.sha256(data).hexdigest()

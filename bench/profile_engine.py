@@ -45,7 +45,7 @@ def profile_prefill(engine: Any, reqs: list[Any]) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.engines.prefill import prefill
+    from worker.engines.transformers.prefill import prefill
 
     texts = [engine._prompt_text(r) for r in reqs]
     out: dict[str, Any] = {"batch": len(reqs), "sizes": [r.image.size for r in reqs]}
@@ -87,8 +87,8 @@ def profile_decode(engine: Any, reqs: list[Any], batch: int, steps: int) -> dict
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from worker.engines.prefill import prefill
-    from worker.engines.static_decode import StaticDecoder
+    from worker.engines.transformers.prefill import prefill
+    from worker.engines.transformers.static_decode import StaticDecoder
 
     reqs = (reqs * batch)[:batch]
     texts = [engine._prompt_text(r) for r in reqs]

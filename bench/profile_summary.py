@@ -62,11 +62,11 @@ _PHASES: list[tuple[str, Callable[[set[str], str], bool]]] = [
         lambda s, leaf: leaf.startswith("HunYuanVisionTransformer.forward") and "hunyuan_vision.py:528" in leaf,
     ),
     ("vision tower: launching (per image, per layer)", lambda s, leaf: "HunYuanVisionTransformer.forward" in s),
-    # ocrq's encoder CUDA graphs (engine.vision_cuda_graphs, worker/engines/vllm_encoder_graphs.py):
+    # ocrq's encoder CUDA graphs (engine.vision_cuda_graphs, worker/engines/vllm/encoder_graphs.py):
     # the one copy from host memory per page, then the rest (buffers, replay, the patch merger)
     ("vision tower, CUDA graphs: copying page boundaries", lambda s, leaf: "_pad_cu_seqlens" in s),
     ("vision tower, CUDA graphs: buffers, replay, merger", lambda s, leaf: "EncoderCudaGraphManager.execute" in s),
-    # ocrq's grouped tower (engine.vision_group_patches, worker/engines/vllm_vision.py)
+    # ocrq's grouped tower (engine.vision_group_patches, worker/engines/vllm/vision.py)
     ("vision tower, grouped: layers on groups of pages", lambda s, leaf: "_grouped" in s),
     (
         "batching multimodal inputs (pixel patches into one buffer)",

@@ -5,7 +5,7 @@ fetch waited behind them on the H200. Two ways side by side, alternately, in one
 
 - ``json``: the body as the 2026-12-02 H200 rows (commit c859c01) sent it (PPM pixels, the standard
   library's base64, httpx ``json=``, which walks the base64 in ``json.dumps`` holding the GIL);
-- ``splice``: the engine's way now (pybase64, ``vllm_chat.encode_body``).
+- ``splice``: the engine's way now (pybase64, ``worker.engines.vllm.chat.encode_body``).
 
     .venv/bin/python -m bench.server_bodies [--seconds 6] [--threads 8]
 
@@ -35,7 +35,7 @@ from PIL import Image
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
-from worker.engines.vllm_chat import encode_body, request_body
+from worker.engines.vllm.chat import encode_body, request_body
 
 URL = "http://127.0.0.1/v1/chat/completions"
 

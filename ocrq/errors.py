@@ -6,7 +6,7 @@
     │   ├── EngineTimeout      the engine did not answer in time
     │   ├── EngineCrashed      the engine died; it is rebuilt, the image retried
     │   ├── EngineUnavailable  no engine server answers (every vLLM endpoint down or refusing)
-    │   ├── DecoderCrashed     the image decoder's process died or hung on this image (worker.decode)
+    │   ├── DecoderCrashed     the image decoder's process died or hung on this image (worker.decoding.decode)
     │   └── StorageUnavailable Redis/S3/HTTP source unreachable or 5xx
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed

@@ -120,14 +120,14 @@ class LimitSettings(BaseModel):
     http_max_redirects: int = 3
     #: threads that fetch + decode + hash ahead of the engine
     fetch_threads: int = 8
-    #: decode each image in a supervised child process (worker.decode): a decoder that crashes
+    #: decode each image in a supervised child process (worker.decoding.decode): a decoder that crashes
     #: or hangs fails that image with DecoderCrashed instead of killing the worker
     decode_isolation: bool = True
     #: decoding children per worker (0: min(fetch_threads, CPU count))
     decode_processes: int = 0
     #: seconds one image may decode before its child is killed (DecoderCrashed)
     decode_timeout_s: float = 60.0
-    #: TESTS ONLY: bytes containing worker.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
+    #: TESTS ONLY: bytes containing worker.decoding.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
     #: slow down the decoder (the chaos suite's crashing files); never enable in production
     decode_fault_markers: bool = False
 
@@ -188,11 +188,11 @@ class EngineSettings(BaseModel):
     #: many patches, every layer once per group (0: vLLM's loop, each layer on each page). Fewer
     #: kernel launches where vLLM's engine core is CPU-bound; activations bounded by one such
     #: page; bf16 rounding may then depend on the group. On the H200: 2-11 % more img/s
-    #: (worker/engines/vllm_vision.py, docs/gpu.md; 16384 fits a 2048×1536 page)
+    #: (worker/engines/vllm/vision.py, docs/gpu.md; 16384 fits a 2048×1536 page)
     vision_group_patches: int = Field(default=0, ge=0)
     #: vllm, vllm-server launched by ocrq (CUDA, not with enforce_eager): replay the vision tower
     #: as CUDA graphs, one page per graph, captured per token budget at engine build (vLLM's encoder
-    #: graphs, given to HunyuanVL by worker/engines/vllm_encoder_graphs.py). A page's graph follows
+    #: graphs, given to HunyuanVL by worker/engines/vllm/encoder_graphs.py). A page's graph follows
     #: from its own size, so its result does not depend on the other pages of a step
     vision_cuda_graphs: bool = False
     #: vllm, ``ocrq up --gpus``: workers (each its own engine) per GPU, each with 1/N of the GPU's

@@ -18,16 +18,16 @@ from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
-from worker.costs import ModelProfile
-from worker.decode import Decoder, make_decoder
+from worker.decoding.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
+from worker.memory.costs import ModelProfile
 from worker.metrics import WorkerMetrics
 from worker.startup import StartupClock
 
 if TYPE_CHECKING:
     from worker.feeder import Feeder
-    from worker.governor import Governor
-    from worker.nvml import MemoryProbe
+    from worker.governor.governor import Governor
+    from worker.memory.nvml import MemoryProbe
 
 log = logging.getLogger("ocrq.worker")
 
@@ -41,10 +41,10 @@ class WorkerContext:
     cache: ResultCache
     index: JobIndex
     engine: Engine
-    loop: Any  # worker.engine_loop.EngineLoop
+    loop: Any  # worker.loop.engine_loop.EngineLoop
     fetch_pool: ThreadPoolExecutor
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
-    #: decodes fetched bytes into pages (worker.decode; None: in the calling thread)
+    #: decodes fetched bytes into pages (worker.decoding.decode; None: in the calling thread)
     decoder: Decoder | None = None
     #: Redis key of this worker's governor snapshot (None: fixed batches, nothing to learn)
     governor_key: str | None = None
@@ -142,9 +142,9 @@ def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations:
 
 def build_context(settings: Settings, queues: list[str] | None = None,
                   startup: StartupClock | None = None) -> WorkerContext:
-    from worker.engine_loop import EngineLoop
-    from worker.engines import build_engine
-    from worker.nvml import NvmlProbe
+    from worker.engine_kinds import build_engine
+    from worker.loop.engine_loop import EngineLoop
+    from worker.memory.nvml import NvmlProbe
 
     engine_settings = settings.engine
     if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
@@ -213,7 +213,7 @@ def governor_for(batch: BatchSettings, engine: Engine, probe: MemoryProbe | None
     """The governor for an engine. Reading the engine's profile and what it may use (vLLM: its
     gpu_memory_utilization share and the tokens its KV cache holds) is wiring, so the governor
     itself sees plain numbers and knows no engine."""
-    from worker.governor import Governor
+    from worker.governor.governor import Governor
 
     capacity = getattr(engine, "capacity_bytes", None)
     tokens = getattr(engine, "kv_capacity_tokens", None)

@@ -15,7 +15,7 @@ from ocrq.settings import Settings
 from worker import gcwatch
 from worker.context import WorkerContext, build_context
 from worker.feeder import Feeder
-from worker.nvml import pin_pci_order
+from worker.memory.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
 from worker.startup import StartupClock

@@ -24,7 +24,7 @@ from ocrq.messages import TASKS
 from ocrq.metrics import queue_depth_family, redis_memory_families, replication_families
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import RedisSettings
-from worker.nvml import MemoryProbe
+from worker.memory.nvml import MemoryProbe
 from worker.startup import StartupClock
 
 log = logging.getLogger("ocrq.worker.metrics")

@@ -4,7 +4,7 @@ With the threads pool, ``concurrency`` chunk tasks share one engine loop. Celery
 ``concurrency × multiplier`` messages no matter how fast the engine is; instead, once a second,
 this step sets the channel's prefetch count to the number of chunk messages needed to keep the
 engine loop's desired backlog of images (≈ two micro-batches, or for a fast engine what its
-intake must hold to keep it busy: ``worker.pace``), never more than ``concurrency``.
+intake must hold to keep it busy: ``worker.loop.pace``), never more than ``concurrency``.
 So a slow worker does not hoard the queue (two workers on one queue both get work) and a fast
 one never starves its engine. Messages held for a retry countdown (ETA) are added on top, since
 Celery counts them as unacked too.

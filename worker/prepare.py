@@ -2,12 +2,12 @@
 
 A plain image file is one cache unit keyed by the sha256 of its bytes, so it is fetched and
 hashed, checked against the cache, and decoded only on a miss (a hit never decodes). A PDF's
-pages are cached one by one, keyed by their rendered pixels (worker.documents): the same page in
+pages are cached one by one, keyed by their rendered pixels (worker.decoding.documents): the same page in
 another file or another rendering of the same document is a hit. Those keys exist only after
 rendering, so a PDF is rendered when it is fetched, and its pages are the units checked.
 
 All decoding (plain images on a miss, PDFs at once) goes through ``ctx.decoder``: in supervised
-child processes with ``limits.decode_isolation`` (worker.decode), so a decoder that crashes or
+child processes with ``limits.decode_isolation`` (worker.decoding.decode), so a decoder that crashes or
 hangs fails one image with ``DecoderCrashed`` instead of the worker.
 """
 
@@ -23,9 +23,9 @@ from ocrq.messages import Chunk, Item
 from ocrq.refs import is_local
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext
-from worker.documents import is_pdf
+from worker.decoding.documents import is_pdf
+from worker.decoding.images import Page, decode, sha256_hex
 from worker.fanout import fan_out
-from worker.images import Page, decode, sha256_hex
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOu
 from worker.context import WorkerContext
 from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
-from worker.intake import Intake
+from worker.loop.intake import Intake
 from worker.prepare import Prepared, assemble, decode_misses, fetch_groups, on_page, prepare
 from worker.retry import backoff, final_error
 
@@ -96,7 +96,7 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
         if not chunk.items:
             return ChunkReport(skipped=skipped)
     # while its images are fetched and decoded, an idle engine waits for them rather than run
-    # the chunks that came first alone (worker.engine_loop: expecting)
+    # the chunks that came first alone (worker.loop.engine_loop: expecting)
     with ctx.loop.expecting(len(chunk.items)) as intake:
         report = _process_chunk(ctx, chunk, worker, intake)
     report.skipped = skipped
@@ -129,7 +129,7 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     log.info("→ cache %s hits=%d misses=%d", tag, n_hits, len(units) - n_hits)
 
     # 3. validate (decode) the plain images that missed, in the fetch pool and through the
-    # isolated decoder (worker.decode: a few batches per chunk); a bad image fails here, typed
+    # isolated decoder (worker.decoding.decode: a few batches per chunk); a bad image fails here, typed
     misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in hits]
     for p in prepared.values():
         if p.data and p.units[0].cache_key in hits:

@@ -17,7 +17,7 @@ exit status 1 on any lost, duplicated or untrue record.
             submit is refused (exit 2, naming the setting), the running job goes on and loses nothing
     decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
             RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
-            no worker process dies (worker.decode isolates decoding in child processes)
+            no worker process dies (worker.decoding.decode isolates decoding in child processes)
     failover  the broker on a Sentinel-managed HA Redis (3 servers, 3 Sentinels): its master
             SIGKILLed twice and demoted by hand once during the job; the producer's submit --wait
             rides through; work resumes ≤ 30 s after each promotion (bench.chaos.failover)
@@ -62,7 +62,7 @@ from ocrq import keys
 from ocrq.settings import Settings
 from producer.client import Client
 from tests.fixtures.images import word_images
-from worker.oom import OOM_LOG
+from worker.loop.oom import OOM_LOG
 
 
 @dataclass

@@ -2,7 +2,7 @@
 or a decode that never returns), mixed into an ordinary load.
 
 The files are real PNGs of the same kind as the rest, each carrying a test marker in a text
-chunk (worker.decode.FAULT_ABORT / FAULT_HANG) that the workers honour only because this
+chunk (worker.decoding.decode.FAULT_ABORT / FAULT_HANG) that the workers honour only because this
 scenario sets ``limits.decode_fault_markers``. Promised and checked: each such image ends
 ``failed`` with ``RetriesExhausted`` naming ``DecoderCrashed`` after ``queue.max_attempts``
 attempts; every other image, its chunk-mates included, is ``done``; no worker process died or
@@ -18,7 +18,7 @@ from PIL import Image, PngImagePlugin
 
 from bench.chaos.stack import Special, Workers
 from ocrq import keys
-from worker.decode import FAULT_ABORT, FAULT_HANG
+from worker.decoding.decode import FAULT_ABORT, FAULT_HANG
 
 #: poison files per 100 images, half aborting, half hanging
 PER_100 = 1

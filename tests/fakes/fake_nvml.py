@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from worker.nvml import DeviceMemory
+from worker.memory.nvml import DeviceMemory
 
 
 @dataclass

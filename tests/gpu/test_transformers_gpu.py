@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def engine(full_checkpoint: Path):
-    from worker.engines.transformers_engine import TransformersEngine
+    from worker.engines.transformers.engine import TransformersEngine
 
     eng = TransformersEngine(EngineSettings(kind="transformers", model_dir=full_checkpoint, max_new_tokens=32,
                                             repetition_stop=0, extra={"ignore_eos": True}))
@@ -88,7 +88,7 @@ def test_lean_step_arithmetic_on_cuda() -> None:
     from torch.nn import functional as F
     from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLRMSNorm
 
-    from worker.engines.static_decode import _norm
+    from worker.engines.transformers.static_decode import _norm
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for width in (128, 1024):

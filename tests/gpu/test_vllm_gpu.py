@@ -32,7 +32,7 @@ SIZES = [(1024, 768), (2048, 1536), (600, 400), (1024, 768)]
 
 @pytest.fixture(scope="module")
 def engine(full_checkpoint: Path) -> Any:
-    from worker.engines.vllm_engine import VllmEngine
+    from worker.engines.vllm.engine import VllmEngine
 
     eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,

@@ -1,4 +1,4 @@
-"""``engine.vision_cuda_graphs`` on the H200 (worker/engines/vllm_encoder_graphs.py): the full-size
+"""``engine.vision_cuda_graphs`` on the H200 (worker/engines/vllm/encoder_graphs.py): the full-size
 bf16 engine with vLLM's encoder CUDA graphs over the HunyuanVL protocol the plugin installs, its
 own build, so ``bash bench/h200_vllm.sh all-tests`` leaves this file out and the ``graphs`` step
 runs it.
@@ -31,7 +31,7 @@ GRIDS = [[1, 48, 64], [1, 96, 128], [1, 26, 38]]
 
 @pytest.fixture(scope="module")
 def graphed(full_checkpoint: Path) -> Any:
-    from worker.engines.vllm_engine import VllmEngine
+    from worker.engines.vllm.engine import VllmEngine
 
     # lets collective_rpc carry a function to vLLM's core process (the checks below run there)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -47,11 +47,11 @@ def graphed(full_checkpoint: Path) -> Any:
 
 def _graph_pages(worker: Any) -> dict[str, Any]:
     """In vLLM's core process: the manager's counts and pages the protocol post-processed."""
-    from worker.engines import vllm_encoder_graphs
+    from worker.engines.vllm import encoder_graphs
 
     m = worker.model_runner.encoder_cudagraph_manager
     return {"manager": m is not None, "hits": m.graph_hits if m else 0, "misses": m.graph_misses if m else 0,
-            "budgets": m.token_budgets if m else [], "pages": vllm_encoder_graphs.stats["pages"]}
+            "budgets": m.token_budgets if m else [], "pages": encoder_graphs.stats["pages"]}
 
 
 def _graphs_vs_eager(worker: Any) -> list[dict[str, float]]:

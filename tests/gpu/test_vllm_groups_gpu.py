@@ -1,4 +1,4 @@
-"""The opt-in grouped vision tower (``engine.vision_group_patches``, worker/engines/vllm_vision.py)
+"""The opt-in grouped vision tower (``engine.vision_group_patches``, worker/engines/vllm/vision.py)
 on the H200: full-size bf16 engine with CUDA graphs, its own build (~2 min), so ``bash
 bench/h200_vllm.sh all-tests`` leaves this file out and the ``groups`` step runs it (H200,
 2026-12-02, commit c859c01: 2 passed).
@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def grouped(full_checkpoint: Path) -> Any:
-    from worker.engines import vllm_vision
-    from worker.engines.vllm_engine import VllmEngine
+    from worker.engines.vllm import vision
+    from worker.engines.vllm.engine import VllmEngine
 
     # lets collective_rpc carry a function to vLLM's core process (the grouped-forward count below)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -35,7 +35,7 @@ def grouped(full_checkpoint: Path) -> Any:
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
                                     vision_group_patches=16384, extra={"ignore_eos": True}))
     eng.start()
-    assert vllm_vision.group_patches() == 16384  # what vLLM's core process inherited
+    assert vision.group_patches() == 16384  # what vLLM's core process inherited
     print(f"\ngrouped-tower build {eng.start_seconds:.1f}s, KV {eng.kv_capacity_tokens} tokens")
     yield eng
     eng.close()
@@ -43,9 +43,9 @@ def grouped(full_checkpoint: Path) -> Any:
 
 def _grouped_forwards(worker: Any) -> int:
     """In vLLM's core process: tower forwards that took the grouped path there."""
-    from worker.engines import vllm_vision
+    from worker.engines.vllm import vision
 
-    return vllm_vision.stats["grouped"]
+    return vision.stats["grouped"]
 
 
 def test_a_mixed_batch_runs_full_length_with_the_grouped_tower(grouped: Any) -> None:

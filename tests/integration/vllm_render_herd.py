@@ -25,7 +25,7 @@ def main(model_dir: str, out: str, unfixed: bool) -> None:
 
     from tests.integration.vllm_support import engine_settings, make_images
     from worker.engines.base import OcrRequest
-    from worker.engines.vllm_engine import VllmEngine
+    from worker.engines.vllm.engine import VllmEngine
 
     counts = {"processors": 0, "tokenizer_copies": 0}
     real_from_pretrained = ProcessorMixin.from_pretrained.__func__  # type: ignore[attr-defined]

@@ -57,11 +57,11 @@ def require_vllm() -> None:
 
 
 def needs_fix(name: str) -> None:
-    """Skip unless the installed vLLM's family gets plugin entry ``name`` (``vllm_compat.FIXES``)."""
-    from worker.engines import vllm_compat
+    """Skip unless the installed vLLM's family gets plugin entry ``name`` (``compat.FIXES``)."""
+    from worker.engines.vllm import compat
 
-    if name not in vllm_compat.family().fixes():
-        pytest.skip(f"{vllm_compat.family()} does not get the {name} entry (vllm_compat.FIXES)")
+    if name not in compat.family().fixes():
+        pytest.skip(f"{compat.family()} does not get the {name} entry (compat.FIXES)")
 
 
 @contextmanager
@@ -190,7 +190,7 @@ def transformers_reference(model_dir: Path, images_seed: int, out: Path, env: di
 
 
 def _reference_main(model_dir: str, seed: str, out: str) -> None:
-    from worker.engines.transformers_engine import TransformersEngine
+    from worker.engines.transformers.engine import TransformersEngine
 
     engine = TransformersEngine(engine_settings(Path(model_dir), "transformers", extra={"decode": "hf"}))
     engine.start()
@@ -205,13 +205,13 @@ if __name__ == "__main__":
 
 @contextmanager
 def running_server(checkpoint: Path, env: dict[str, str], log_dir: Path, **overrides: Any) -> Iterator[str]:
-    """A real vLLM server (``worker.engines.vllm_serve``, settings ``overrides``) on a free loopback
+    """A real vLLM server (``worker.engines.vllm.serve``, settings ``overrides``) on a free loopback
     port; yields its /v1 URL, fails the test with the server's log if it does not start, and
     checks on exit that the whole process group is gone."""
     import time
 
     from tests.conftest import free_port
-    from worker.engines.vllm_launcher import launch_server, stop_server
+    from worker.engines.vllm.launcher import launch_server, stop_server
 
     port = free_port()
     log_path = log_dir / "server.log"
@@ -236,9 +236,9 @@ def vs_transformers_tol() -> float:
     """How close vLLM's image-prompt logprobs must be to transformers': on 0.32+ vLLM runs
     transformers' own HunyuanVL (Transformers backend), measured ≤ 1e-6, so TOL; 0.26's native
     model differs by design (NATIVE_VS_TRANSFORMERS_TOL)."""
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    return NATIVE_VS_TRANSFORMERS_TOL if vllm_compat.family().native_model else TOL
+    return NATIVE_VS_TRANSFORMERS_TOL if compat.family().native_model else TOL
 
 
 def assert_batch_invariant(engine: Any, reference: list[Topk], seed: int = 0) -> None:
@@ -309,7 +309,7 @@ def vision_embeddings(worker: Any, grids: list[list[int]], fixed: bool) -> dict[
     encoder batch and each page alone, with the plugin's split fix on or off."""
     import torch
 
-    from worker.engines import vllm_plugin
+    from worker.engines.vllm import plugin
 
     model = worker.model_runner.model
     patch = model.config.vision_config.patch_size
@@ -320,11 +320,11 @@ def vision_embeddings(worker: Any, grids: list[list[int]], fixed: bool) -> dict[
         return list(model.embed_multimodal(pixel_values=pixels, image_grid_thw=torch.tensor(grid),
                                            num_image_patches=torch.tensor([h * w for _, h, w in grid])))
 
-    vllm_plugin.split_fix.enabled = fixed
+    plugin.split_fix.enabled = fixed
     try:
         with torch.no_grad():
             batched = embed(x, grids)
             alone = [embed(part, [grid])[0] for part, grid in zip(x.split(rows), grids, strict=True)]
     finally:
-        vllm_plugin.split_fix.enabled = True
+        plugin.split_fix.enabled = True
     return {"batched": [e.float().cpu() for e in batched], "alone": [e.float().cpu() for e in alone]}

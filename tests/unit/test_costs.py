@@ -1,4 +1,4 @@
-"""worker.costs: HunyuanOCR's image → token rule and the model byte profile."""
+"""worker.memory.costs: HunyuanOCR's image → token rule and the model byte profile."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.costs import (
+from worker.memory.costs import (
     MAX_PIXELS,
     MIN_PIXELS,
     ModelProfile,

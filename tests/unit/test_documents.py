@@ -1,4 +1,4 @@
-"""PDF pages through worker.images.decode (real PDFs made here with Pillow and pypdf)."""
+"""PDF pages through worker.decoding.images.decode (real PDFs made here with Pillow and pypdf)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw
 
 from ocrq.errors import BadDocument, EncryptedDocument, TooLarge
 from ocrq.settings import LimitSettings
-from worker.images import decode
+from worker.decoding.images import decode
 
 
 def make_pdf(n: int, size: tuple[int, int] = (850, 1100), resolution: float = 100.0,

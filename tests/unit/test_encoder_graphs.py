@@ -1,4 +1,4 @@
-"""``worker.engines.vllm_encoder_graphs``: the budgets and the settings that turn vLLM's encoder
+"""``worker.engines.vllm.encoder_graphs``: the budgets and the settings that turn vLLM's encoder
 CUDA graphs on (pure; the protocol itself runs in the vllm tier and on the H200)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from ocrq.settings import EngineSettings
-from worker.engines import vllm_launcher
-from worker.engines.vllm_common import compilation_config
-from worker.engines.vllm_encoder_graphs import BUDGET_STEP, PATCHES_PER_TOKEN, budgets, page_tokens
+from worker.engines.vllm import launcher
+from worker.engines.vllm.common import compilation_config
+from worker.engines.vllm.encoder_graphs import BUDGET_STEP, PATCHES_PER_TOKEN, budgets, page_tokens
 
 
 def test_a_pages_tokens_are_its_merged_rows_with_a_newline_each_plus_begin_and_end() -> None:
@@ -52,8 +52,8 @@ def test_graphs_only_where_asked_for_on_cuda_and_not_eager(caplog: pytest.LogCap
 
 
 def test_a_launched_server_gets_the_same_compilation_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_launcher, "_has_cuda", lambda: True)
+    monkeypatch.setattr(launcher, "_has_cuda", lambda: True)
     s = EngineSettings(kind="vllm-server", vision_cuda_graphs=True)
-    argv = vllm_launcher.server_argv(tmp_path, 8000, s)
+    argv = launcher.server_argv(tmp_path, 8000, s)
     assert json.loads(argv[argv.index("--compilation-config") + 1]) == compilation_config(s, on_cuda=True)
-    assert "--compilation-config" not in vllm_launcher.server_argv(tmp_path, 8000, EngineSettings(kind="vllm-server"))
+    assert "--compilation-config" not in launcher.server_argv(tmp_path, 8000, EngineSettings(kind="vllm-server"))

@@ -1,4 +1,4 @@
-"""worker.engine_loop: the engine loop against the simulated engine (real threads, real futures)."""
+"""worker.loop.engine_loop: the engine loop against the simulated engine (real threads, real futures)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, EngineSettings
 from tests.fakes.fake_nvml import FakeNvml
 from worker.context import governor_for
-from worker.engine_loop import EngineLoop, downscale_for_memory, is_oom
 from worker.engines.base import ImageCost, OcrRequest
 from worker.engines.simulated import OutOfMemoryError, SimulatedEngine
-from worker.governor import Governor
-from worker.nvml import NvmlProbe
-from worker.pace import Pace
+from worker.governor.governor import Governor
+from worker.loop.engine_loop import EngineLoop, downscale_for_memory, is_oom
+from worker.loop.pace import Pace
+from worker.memory.nvml import NvmlProbe
 
 WEIGHTS = 1_000_000
 PER_TOKEN = 1_000
@@ -619,7 +619,7 @@ def bulk_then_urgent(
     """A paged loop (12 images over the engine's 3 slots) running 30 bulk images (priority 9) in
     its 3 slots, then 2 urgent ones submitted (priority 0). Returns the loop, both futures lists
     and a deadline 5 s out."""
-    from worker.costs import ModelProfile
+    from worker.memory.costs import ModelProfile
 
     gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=10**6)
     loop = EngineLoop(engine, gov, linger_s=0.0)  # type: ignore[arg-type]
@@ -637,7 +637,7 @@ def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list
     """Batches overlap up to the engine's slots, share the count limit (12 over 3 slots: 4 a
     batch), and together never plan more tokens than the KV room: 90 % of 11,112 KV tokens =
     10,000 tokens = 10 images of 1,000 tokens in flight."""
-    from worker.costs import ModelProfile
+    from worker.memory.costs import ModelProfile
 
     engine = FakePagedEngine()
     gov = Governor(ModelProfile("fake", 0, 1, 1.0), capacity_bytes=None, max_size=12, token_capacity=11_112)
@@ -659,7 +659,7 @@ def test_a_continuous_engine_gets_several_batches_within_its_kv_room(loops: list
 def test_a_more_urgent_image_runs_before_older_bulk_ones(loops: list[EngineLoop]) -> None:
     """A small urgent job behind a bulk one the worker already holds: its images go into the next
     batch, ahead of the older bulk images (arrival order within a priority)."""
-    from worker.costs import ModelProfile
+    from worker.memory.costs import ModelProfile
 
     engine = FakePagedEngine()
     engine.concurrent_batches = 1

@@ -39,7 +39,7 @@ def _refusing(request: httpx.Request) -> httpx.Response:
 
 
 def test_no_live_vllm_server_at_start_is_engine_unavailable() -> None:
-    from worker.engines.vllm_server import VllmServerEngine
+    from worker.engines.vllm.server import VllmServerEngine
 
     settings = EngineSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
                               served_model="m")
@@ -50,7 +50,7 @@ def test_no_live_vllm_server_at_start_is_engine_unavailable() -> None:
 
 
 def test_a_vllm_server_that_dies_is_engine_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker.engines import vllm_server
+    from worker.engines.vllm import server
 
     alive = {"up": True}
 
@@ -59,11 +59,11 @@ def test_a_vllm_server_that_dies_is_engine_unavailable(monkeypatch: pytest.Monke
             return httpx.Response(200, json={"data": [{"id": "m"}]})
         return _refusing(request)
 
-    monkeypatch.setattr(vllm_server, "BACKOFF_S", 0.01)
-    monkeypatch.setattr(vllm_server, "PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr(server, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(server, "PROBE_EVERY_S", 0.0)
     settings = EngineSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
                               served_model="m", request_timeout=2.0, extra={"retries": 2})
-    eng = vllm_server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
+    eng = server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
     eng.start()
     alive["up"] = False
     (out,) = eng.infer([OcrRequest(key="p#0", image=Image.new("RGB", (64, 32), "white"))])

@@ -1,4 +1,4 @@
-"""worker.governor: packing by cost, calibration against a simulated memory model, AIMD."""
+"""worker.governor.governor: packing by cost, calibration against a simulated memory model, AIMD."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from ocrq.settings import BatchSettings
 from tests.fakes.fake_nvml import FakeNvml
 from worker.context import governor_for
-from worker.costs import ModelProfile
 from worker.engines.base import ImageCost
 from worker.engines.simulated import SimulatedEngine
-from worker.governor import Governor, batch_tokens, resolve_capacity
+from worker.governor.governor import Governor, batch_tokens, resolve_capacity
+from worker.memory.costs import ModelProfile
 
 GB = 10**9
 # a round-number model: 2 GB of weights, 100 kB per token
@@ -209,7 +209,7 @@ def _budget(gov: Governor) -> int:
 
 
 def _tokens(w: int, h: int) -> int:
-    from worker.costs import hunyuan_vision_tokens
+    from worker.memory.costs import hunyuan_vision_tokens
 
     return hunyuan_vision_tokens(w, h)
 
@@ -501,9 +501,9 @@ def test_restore_rejects_malformed_snapshots_and_fixed_mode_ignores_them() -> No
 def test_a_paged_engine_is_planned_against_its_kv_tokens_and_the_batches_in_flight() -> None:
     """vLLM: the room is 90 % of the KV cache (partly filled blocks), each image costs prompt + new
     tokens, and batches already running take their share; no slow start (memory is preallocated)."""
-    from worker.costs import ModelProfile
     from worker.engines.base import ImageCost
-    from worker.governor import Governor
+    from worker.governor.governor import Governor
+    from worker.memory.costs import ModelProfile
 
     profile = ModelProfile("hunyuan_vl", 2 * 2**30, 98_304, 10_000.0, padded=False)
     gov = Governor(profile, capacity_bytes=24 * 2**30, headroom=0.10, max_size=128, token_capacity=100_000)

@@ -1,4 +1,4 @@
-"""worker.images.decode: every image is generated here with Pillow."""
+"""worker.decoding.images.decode: every image is generated here with Pillow."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from PIL import Image
 
 from ocrq.errors import BadImage, TooLarge, UnsupportedFormat
 from ocrq.settings import LimitSettings
-from worker.images import Page, decode, sha256_hex
+from worker.decoding.images import Page, decode, sha256_hex
 
 LIMITS = LimitSettings()
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)

@@ -16,8 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: the engine loop and the governor (with the modules it is made of): engines know none of them
-LOOP = ("worker.engine_loop", "worker.intake", "worker.oom", "worker.engine_time")
-GOVERNOR = ("worker.governor", "worker.count_limit", "worker.paged_kv", "worker.packing", "worker.calibration")
+LOOP = ("worker.loop.engine_loop", "worker.loop.intake", "worker.loop.oom", "worker.loop.engine_time")
+GOVERNOR = (
+    "worker.governor.governor",
+    "worker.governor.count_limit",
+    "worker.governor.paged_kv",
+    "worker.governor.packing",
+    "worker.governor.calibration",
+)
 LOOP_AND_GOVERNOR = LOOP + GOVERNOR
 
 
@@ -65,19 +71,19 @@ def offenders(mods: list[tuple[str, set[str]]], forbidden: tuple[str, ...]) -> l
 def test_the_import_reader_sees_every_form() -> None:
     src = (
         "import producer.client\n"
-        "from worker import engine_loop\n"
-        "def f():\n    from worker.governor import Governor\n"
+        "from worker.loop import engine_loop\n"
+        "def f():\n    from worker.governor.governor import Governor\n"
         "if TYPE_CHECKING:\n    from ..engines.base import Engine\n"
     )
     found = imports_of(src, "worker.x.y")
-    assert {"producer.client", "worker.engine_loop", "worker.governor", "worker.engines.base"} <= found
-    assert offenders([("m", found)], ("worker.engine_loop",)) == ["m imports worker.engine_loop"]
-    assert offenders([("m", {"worker.engine_loopish"})], ("worker.engine_loop",)) == []
+    assert {"producer.client", "worker.loop.engine_loop", "worker.governor.governor", "worker.engines.base"} <= found
+    assert offenders([("m", found)], ("worker.loop.engine_loop",)) == ["m imports worker.loop.engine_loop"]
+    assert offenders([("m", {"worker.engine_loopish"})], ("worker.loop.engine_loop",)) == []
 
 
 def test_the_scan_reads_the_real_tree() -> None:
     names = {name for name, _ in modules("ocrq", "worker")}
-    assert {"ocrq.errors", "worker.governor", "worker.packing", "worker.engines.vllm_engine"} <= names
+    assert {"ocrq.errors", "worker.governor.governor", "worker.governor.packing", "worker.engines.vllm.engine"} <= names
 
 
 @pytest.mark.parametrize(

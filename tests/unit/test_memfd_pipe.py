@@ -1,4 +1,4 @@
-"""worker.memfd_pipe over a real socket pair (both ends in this process): a message's blobs come
+"""worker.decoding.memfd_pipe over a real socket pair (both ends in this process): a message's blobs come
 back byte for byte, and nothing (descriptor, mapping) outlives the ``with``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from worker import memfd_pipe
+from worker.decoding import memfd_pipe
 
 
 def _open_fds() -> int:

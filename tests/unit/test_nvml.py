@@ -1,4 +1,4 @@
-"""worker.nvml: device selection from CUDA_VISIBLE_DEVICES, and never raising without a GPU."""
+"""worker.memory.nvml: device selection from CUDA_VISIBLE_DEVICES, and never raising without a GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tests.fakes.fake_nvml import FakePynvmlModule
-from worker.nvml import DeviceMemory, NullProbe, NvmlProbe, pin_pci_order, visible_device
+from worker.memory.nvml import DeviceMemory, NullProbe, NvmlProbe, pin_pci_order, visible_device
 
 GiB = 2**30
 DEVICES = [

@@ -204,7 +204,7 @@ def test_the_example_file_parses():
 @pytest.mark.vllm
 def test_vllm_run_batch_accepts_the_inputs_and_reads_the_outputs():
     pytest.importorskip("vllm")
-    from worker.engines.vllm_compat import batch_models
+    from worker.engines.vllm.compat import batch_models
 
     run_batch = batch_models()  # where this vLLM keeps them (it moved after 0.26)
     inputs = [raw for raw in EXAMPLE.read_text().splitlines() if raw.strip()]

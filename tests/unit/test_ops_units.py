@@ -15,8 +15,8 @@ from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings
 from ocrq.stack import Stack, flower_argv
+from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
-from worker.nvml import NullProbe
 from worker.tasks import ChunkReport
 
 

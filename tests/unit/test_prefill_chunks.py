@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.engines.prefill import prefill_chunks
+from worker.engines.transformers.prefill import prefill_chunks
 
 
 def test_chunks_cover_rows_in_order_within_budget() -> None:

@@ -1,4 +1,4 @@
-"""worker.engines.render_ahead: renders ahead of their batch, bounded, urgent first (real threads;
+"""worker.engines.vllm.render_ahead: renders ahead of their batch, bounded, urgent first (real threads;
 the render function is a stand-in that records its calls)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from worker.engines.render_ahead import RenderAhead
+from worker.engines.vllm.render_ahead import RenderAhead
 
 
 class Item:

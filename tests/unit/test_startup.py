@@ -1,5 +1,5 @@
 """A worker's start, phase by phase (worker.startup), and vLLM's build phases read from its log
-lines (worker.engines.vllm_startup): pure, with a fake clock."""
+lines (worker.engines.vllm.startup): pure, with a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-from worker.engines import vllm_startup
+from worker.engines.vllm import startup
 from worker.startup import StartupClock, process_started_at
 
 
@@ -58,18 +58,18 @@ LINES = {
 
 def test_vllm_lines_parse() -> None:
     for message, expected in LINES.items():
-        assert vllm_startup.parse(message) == expected, message
-    assert vllm_startup.parse("Automatically detected platform cuda.") is None
+        assert startup.parse(message) == expected, message
+    assert startup.parse("Automatically detected platform cuda.") is None
 
 
 def test_handler_writes_what_the_engine_reads(tmp_path, monkeypatch) -> None:
     path = tmp_path / "phases.jsonl"
-    monkeypatch.setenv(vllm_startup.ENV, str(path))
+    monkeypatch.setenv(startup.ENV, str(path))
     logger = logging.getLogger("vllm")
     before = list(logger.handlers)
     try:
-        assert vllm_startup.install_from_env()
-        assert vllm_startup.install_from_env()  # idempotent: one handler
+        assert startup.install_from_env()
+        assert startup.install_from_env()  # idempotent: one handler
         assert len(logger.handlers) == len(before) + 1
         old_level = logger.level
         logger.setLevel(logging.INFO)
@@ -84,11 +84,11 @@ def test_handler_writes_what_the_engine_reads(tmp_path, monkeypatch) -> None:
         for h in list(logger.handlers):
             if h not in before:
                 logger.removeHandler(h)
-    assert vllm_startup.read(path) == {"compile": 10.0, "init_engine": 20.0}
+    assert startup.read(path) == {"compile": 10.0, "init_engine": 20.0}
     assert all(f'"pid": {os.getpid()}' in line for line in path.read_text().splitlines())
 
 
 def test_no_env_no_handler(monkeypatch, tmp_path) -> None:
-    monkeypatch.delenv(vllm_startup.ENV, raising=False)
-    assert not vllm_startup.install_from_env()
-    assert vllm_startup.read(tmp_path / "absent.jsonl") == {}
+    monkeypatch.delenv(startup.ENV, raising=False)
+    assert not startup.install_from_env()
+    assert startup.read(tmp_path / "absent.jsonl") == {}

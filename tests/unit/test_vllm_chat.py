@@ -14,7 +14,7 @@ from ocrq.errors import BadRequest
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
-from worker.engines.vllm_chat import encode_body, request_body
+from worker.engines.vllm.chat import encode_body, request_body
 
 
 def _body(transport: str, prompt: str = "Extract the text. «ünïcode» \"quoted\" \\ back") -> dict:

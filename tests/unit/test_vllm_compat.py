@@ -1,4 +1,4 @@
-"""The vLLM family table (``worker.engines.vllm_compat``) and the rule that keeps version-dependent
+"""The vLLM family table (``worker.engines.vllm.compat``) and the rule that keeps version-dependent
 vLLM imports in that one module. No vLLM needed."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from worker.engines import vllm_compat
-from worker.engines.vllm_compat import FIXES, VERIFIED, family_of
+from worker.engines.vllm import compat
+from worker.engines.vllm.compat import FIXES, VERIFIED, family_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: vLLM modules whose place or content differs between the supported releases: only vllm_compat
+#: vLLM modules whose place or content differs between the supported releases: only compat
 #: imports them (0.26's native model, the serve parser that moved, the client error type)
 MOVED = ("vllm.model_executor.models.hunyuan_vision", "vllm.model_executor.models.transformers",
          "vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers", "vllm.entrypoints.common",
@@ -45,10 +45,10 @@ def test_verified_families_are_in_the_table_and_0_33_is_not_verified() -> None:
 
 
 def test_every_fix_in_the_table_exists_in_the_plugin() -> None:
-    from worker.engines import vllm_plugin
+    from worker.engines.vllm import plugin
 
-    named = {name for fixes in FIXES.values() for name in fixes} | set(vllm_compat.NATIVE_PATHS)
-    assert named == set(vllm_plugin._FIXES)
+    named = {name for fixes in FIXES.values() for name in fixes} | set(compat.NATIVE_PATHS)
+    assert named == set(plugin._FIXES)
 
 
 def _vllm_modules(line: str) -> list[str]:
@@ -68,10 +68,10 @@ def test_the_import_scan_sees_each_form() -> None:
 
 
 def test_version_dependent_vllm_imports_live_in_vllm_compat() -> None:
-    """An import of a module in MOVED anywhere in the worker, tests or bench but vllm_compat.py."""
+    """An import of a module in MOVED anywhere in the worker, tests or bench but compat.py."""
     offenders = []
     for path in [*ROOT.glob("worker/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/**/*.py")]:
-        if path.name in ("vllm_compat.py", "test_vllm_compat.py"):
+        if path.name in ("compat.py", "test_vllm_compat.py"):
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             offenders += [f"{path.relative_to(ROOT)}:{number}: {module}" for module in _vllm_modules(line)

@@ -1,10 +1,10 @@
-"""``worker.engines.vllm_vision.groups``: pure (the tower itself is tested in the vllm tier)."""
+"""``worker.engines.vllm.vision.groups``: pure (the tower itself is tested in the vllm tier)."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.engines.vllm_vision import ENV, group_patches, groups
+from worker.engines.vllm.vision import ENV, group_patches, groups
 
 
 def test_pages_group_in_order_up_to_the_limit_and_a_larger_page_runs_alone() -> None:

@@ -18,7 +18,7 @@ from PIL import Image
 
 from ocrq.errors import OcrqError
 from ocrq.results import OcrOutput
-from worker.costs import ImageCost, MemorySample
+from worker.memory.costs import ImageCost, MemorySample
 
 __all__ = ["Engine", "ImageCost", "MemorySample", "OcrRequest"]
 

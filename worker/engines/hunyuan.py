@@ -19,8 +19,8 @@ from typing import Any
 from ocrq.prompts import Version, prompt
 from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
-from worker.costs import hunyuan_vision_tokens
 from worker.engines.base import ImageCost, OcrRequest
+from worker.memory.costs import hunyuan_vision_tokens
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def detect_repetition(
 
 def vision_tokens(width: int, height: int, min_pixels: int = 512 * 512, max_pixels: int = 2048 * 2048) -> int:
     """Tokens one image occupies in the prompt: (H/32)·(W/32 + 1) + 2 after the model's resize
-    (the image start/end wrapper tokens come on top); the formula lives in ``worker.costs``."""
+    (the image start/end wrapper tokens come on top); the formula lives in ``worker.memory.costs``."""
     return int(hunyuan_vision_tokens(width, height, min_pixels, max_pixels))
 
 

@@ -23,8 +23,8 @@ from typing import Any
 from ocrq.errors import BadImage, EngineOOM, OcrqError
 from ocrq.results import OcrLine, OcrOutput
 from ocrq.settings import EngineSettings
-from worker.costs import MAX_PIXELS, MIN_PIXELS, ModelProfile, hunyuan_vision_tokens
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
+from worker.memory.costs import MAX_PIXELS, MIN_PIXELS, ModelProfile, hunyuan_vision_tokens
 
 
 class OutOfMemoryError(RuntimeError):

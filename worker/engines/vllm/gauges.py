@@ -1,5 +1,5 @@
 """vLLM's own load gauges as the in-process engine reads them: KV-cache usage, waiting requests,
-cumulative preemptions (the signals paged admission steers by, ``worker.paged_kv``), plus the KV
+cumulative preemptions (the signals paged admission steers by, ``worker.governor.paged_kv``), plus the KV
 capacity the engine core sized. Read from ``LLM.get_metrics()``, which walks every metric: at
 most every ``METRICS_EVERY_S`` while batches step."""
 

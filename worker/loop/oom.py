@@ -22,10 +22,10 @@ from PIL import Image
 from ocrq.errors import EngineOOM, OcrqError, TooLargeForDevice, classify, is_oom
 from ocrq.results import OcrOutput
 from worker.engines.base import Engine, ImageCost, OcrRequest
-from worker.intake import QueuedImage, settle
+from worker.loop.intake import QueuedImage, settle
 
 if TYPE_CHECKING:
-    from worker.governor import Governor
+    from worker.governor.governor import Governor
 
 __all__ = ["OOM_LOG", "OomRecovery", "downscale_for_memory", "is_oom", "restore_scale"]
 
@@ -77,7 +77,7 @@ def restore_scale(output: OcrOutput, original: tuple[int, int], small: tuple[int
 
 class OomRecovery:
     """The engine loop's recovery from a batch that ran out of device memory: bisect, retry a
-    lone image, downscale it. Mixed into ``worker.engine_loop.EngineLoop``, which runs batches
+    lone image, downscale it. Mixed into ``worker.loop.engine_loop.EngineLoop``, which runs batches
     (``_execute``, ``_infer``) and feeds the governor (``_learn``)."""
 
     engine: Engine

@@ -10,7 +10,7 @@ multithreaded worker itself). A fetch thread borrows one child for a batch of im
 a chunk's cache misses: one message each way, not one per image), and for each image:
 
 - the child answers: its pages (or its typed error, e.g. ``BadImage``) come back. Large files
-  and pages travel in a memory file (``worker.memfd_pipe``), not pickled through the pipe:
+  and pages travel in a memory file (``worker.decoding.memfd_pipe``), not pickled through the pipe:
   unpickling a 2048×1536 page held the worker's GIL 7-13 ms, time the engine thread waited;
 - the child dies (segfault, abort, the OOM killer) on it: the image gets ``DecoderCrashed``;
 - the child spends ``limits.decode_timeout_s`` on it: it is SIGKILLed and the image gets
@@ -46,8 +46,8 @@ from PIL import Image
 
 from ocrq.errors import DecoderCrashed, OcrqError, error_from_dict
 from ocrq.settings import LimitSettings
-from worker import memfd_pipe
-from worker.images import Page, decode
+from worker.decoding import memfd_pipe
+from worker.decoding.images import Page, decode
 
 log = logging.getLogger("ocrq.decode")
 
@@ -158,7 +158,7 @@ def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
 
 
 #: a page as a child sends it: its fields but the image, the image's mode and size; its pixels
-#: are the message's blob of the same index (``worker.memfd_pipe``)
+#: are the message's blob of the same index (``worker.decoding.memfd_pipe``)
 _Shipped = tuple[dict[str, Any], str, tuple[int, int], int]
 _PAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Page) if f.name != "image")
 
@@ -223,7 +223,7 @@ class IsolatedDecoder:
         self.timeout_s = limits.decode_timeout_s
         self._ctx = mp.get_context("forkserver")
         # the forkserver imports Pillow and the decoder once; each child is a cheap fork of it
-        self._ctx.set_forkserver_preload(["worker.decode"])
+        self._ctx.set_forkserver_preload(["worker.decoding.decode"])
         n = limits.decode_processes or min(limits.fetch_threads, os.cpu_count() or 1)
         self.parallelism = max(1, n)
         self._idle: queue.Queue[_Child] = queue.Queue()

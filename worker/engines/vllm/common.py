@@ -13,8 +13,9 @@ from typing import Any
 
 from ocrq.errors import BadRequest, OcrqError, TooLargeForDevice
 from ocrq.settings import EngineSettings
-from worker.engines import hunyuan, vllm_encoder_graphs
+from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
+from worker.engines.vllm import encoder_graphs
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,13 @@ def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any
         why = "no CUDA device" if not on_cuda else "enforce_eager is set"
         log.warning("engine.vision_cuda_graphs is ignored: %s", why)
         return None
-    return vllm_encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
+    return encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
 
 
 def device_memory() -> tuple[int, int]:
     """(total, free) bytes of this process's GPU as NVML sees it (every process), else as the
     CUDA driver does."""
-    from worker.nvml import NvmlProbe
+    from worker.memory.nvml import NvmlProbe
 
     probe = NvmlProbe.for_current_device()
     device = probe.read()

@@ -15,7 +15,7 @@ __all__ = ["CountLimit"]
 
 
 class CountLimit:
-    """Not thread-safe: ``worker.governor.Governor`` calls it under its lock."""
+    """Not thread-safe: ``worker.governor.governor.Governor`` calls it under its lock."""
 
     def __init__(self, hard: int, initial: int, *, slow_start: bool, grow_after: int) -> None:
         #: the cap no growth passes (``max_size``; ``size`` in fixed mode)

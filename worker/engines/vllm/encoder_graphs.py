@@ -21,7 +21,7 @@ How a page runs (vLLM's manager does the packing, budgets and capture; this is t
   graph is chosen by its own size alone, so its result cannot depend on the other pages of the
   step (the batch invariant). A page above the largest budget runs vLLM's eager tower.
 
-Installed by the plugin (``worker/engines/vllm_plugin.py``) in every vLLM process; inert unless
+Installed by the plugin (``worker/engines/vllm/plugin.py``) in every vLLM process; inert unless
 the engine's compilation config turns encoder graphs on, which ``compilation_config`` below does.
 
 Measured on the H200 (docs/bench/gpu-vllm.md, 2026-12-04): the captured graphs give what
@@ -77,11 +77,11 @@ def compilation_config(max_pixels: int, max_model_len: int) -> dict[str, Any]:
 
 def install() -> bool:
     """Give vLLM's native HunyuanVL model the encoder-graph protocol (idempotent). Applied where
-    ``vllm_compat`` lists it: releases with the native model (0.26), whose tower and encoder-graph
+    ``compat`` lists it: releases with the native model (0.26), whose tower and encoder-graph
     manager this mirrors."""
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    model = vllm_compat.hunyuan_vision().HunYuanVLForConditionalGeneration
+    model = compat.hunyuan_vision().HunYuanVLForConditionalGeneration
     if getattr(model, _PATCHED_ATTR, False):
         return True
     for name, fn in _METHODS.items():
@@ -227,7 +227,7 @@ def _position_embedding(e: Any, h: int, w: int, dtype: Any) -> Any:
 
 def encoder_cudagraph_forward(self: Any, inputs: dict[str, Any], path: str = "default") -> Any:
     """What the graph records: patch embedding of every row, + positions, the layers."""
-    from worker.engines.vllm_vision import _block
+    from worker.engines.vllm.vision import _block
 
     e = self.visual.embeddings
     x = inputs["pixel_values"]

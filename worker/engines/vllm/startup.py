@@ -2,7 +2,7 @@
 
 The engine core builds in its own process, so its timings never reach ours as values: vLLM logs
 them ("Loading weights took …", "torch.compile took …", "Graph capturing finished in …").
-The plugin (``vllm_plugin.register``, run in every vLLM process) installs :class:`PhaseLog` on the
+The plugin (``plugin.register``, run in every vLLM process) installs :class:`PhaseLog` on the
 ``vllm`` logger when ``OCRQ_VLLM_START_LOG`` names a file; each matching line appends one JSON
 line there, and the engine reads the file back once ``LLM()`` returns. Lines that a vLLM release
 words differently are simply missing from the breakdown, never an error.
@@ -66,9 +66,9 @@ def install_from_env() -> bool:
     logger = logging.getLogger("vllm")
     if any(isinstance(h, PhaseLog) and h.path == path for h in logger.handlers):
         return True
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    vllm_compat.keep_log_handler(PhaseLog(path))  # 0.32 replaces the logger's handlers later
+    compat.keep_log_handler(PhaseLog(path))  # 0.32 replaces the logger's handlers later
     return True
 
 

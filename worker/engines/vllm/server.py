@@ -1,6 +1,6 @@
-"""HunyuanOCR through one or more vLLM OpenAI-compatible servers (``vllm_launcher`` starts them).
+"""HunyuanOCR through one or more vLLM OpenAI-compatible servers (``launcher`` starts them).
 
-Each image is one streamed chat completion (``vllm_chat``: request body, answer). Streaming lets
+Each image is one streamed chat completion (``chat``: request body, answer). Streaming lets
 the repetition rule stop a looping page early: closing the stream makes vLLM abort the request.
 
 Endpoints are used least-loaded first (in flight + the server's ``vllm:num_requests_waiting``),
@@ -38,8 +38,8 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.vllm_chat import Answer, encode_body, request_body
-from worker.engines.vllm_common import answer_meta
+from worker.engines.vllm.chat import Answer, encode_body, request_body
+from worker.engines.vllm.common import answer_meta
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class VllmServerEngine:
         if self._revision is None:
             model_dir = self.settings.model_dir
             if model_dir is not None and (Path(model_dir) / "config.json").exists():
-                from worker.engines.transformers_engine import weights_revision
+                from worker.engines.transformers.engine import weights_revision
 
                 self._revision = weights_revision(Path(model_dir), self.version)
             else:

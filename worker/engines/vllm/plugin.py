@@ -3,7 +3,7 @@
 vLLM calls ``register()`` in every one of its processes (API server, engine core, workers) through
 the ``vllm.general_plugins`` entry point declared in pyproject.toml, so these fixes hold whether
 the engine runs in-process or as ``vllm serve``. Which fixes a process gets follows from its vLLM
-family (release line and CPU/CUDA build): the table is ``vllm_compat.FIXES``. Each fix is
+family (release line and CPU/CUDA build): the table is ``compat.FIXES``. Each fix is
 independent, idempotent, logged, and deletable on its own once vLLM fixes the cause. Bug reports
 with minimal repros: docs/gpu.md ("vLLM bugs and the plugin's fixes").
 
@@ -19,9 +19,9 @@ vLLM 0.26 (native ``hunyuan_vision`` model):
    takes 1-D positions; HunyuanOCR's are [4, tokens], so the kernel reads past its cos/sin cache
    and the process dies (SIGSEGV in ``pos_encoding.cpp``). The class's own ``forward_native``
    handles the four XD sections (CUDA has its own ``forward_cuda`` for them).
-3. ``vision_groups`` (not a bug fix: an opt-in path, ``worker/engines/vllm_vision.py``): the vision
+3. ``vision_groups`` (not a bug fix: an opt-in path, ``worker/engines/vllm/vision.py``): the vision
    tower on groups of pages when ``engine.vision_group_patches`` > 0; vLLM's own loop otherwise.
-4. ``encoder_graphs`` (not a bug fix: a missing feature, ``worker/engines/vllm_encoder_graphs.py``):
+4. ``encoder_graphs`` (not a bug fix: a missing feature, ``worker/engines/vllm/encoder_graphs.py``):
    vLLM's ``SupportsEncoderCudaGraph`` for the HunyuanVL model, so its vision tower replays as CUDA
    graphs when the engine's compilation config asks for them (``engine.vision_cuda_graphs``).
 
@@ -75,10 +75,10 @@ split_fix = _Switch()
 
 def register() -> None:
     """Entry point: apply every fix this process's vLLM needs (safe to call repeatedly)."""
-    from worker.engines import vllm_compat, vllm_startup
+    from worker.engines.vllm import compat, startup
 
-    vllm_startup.install_from_env()  # the engine build's phases, from this process's log lines
-    family = vllm_compat.family()
+    startup.install_from_env()  # the engine build's phases, from this process's log lines
+    family = compat.family()
     disabled = {n.strip() for n in os.environ.get(DISABLE_FIXES_ENV, "").split(",") if n.strip()}
     for name in family.fixes():
         if name in applied:
@@ -104,9 +104,9 @@ def register() -> None:
 def _image_boundary() -> bool:
     from vllm.multimodal.processing import PromptReplacement
 
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    hv = vllm_compat.hunyuan_vision()
+    hv = compat.hunyuan_vision()
     processor_cls, dummy_cls = hv.HunYuanVLMultiModalProcessor, hv.HunYuanVLDummyInputsBuilder
     if getattr(processor_cls._get_prompt_updates, _PATCHED_ATTR, False):
         return True
@@ -176,9 +176,9 @@ def _contiguous_merger() -> bool:
 
 
 def _split_fix() -> bool:
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    mixin = vllm_compat.transformers_backend()
+    mixin = compat.transformers_backend()
     if getattr(mixin._process_vision_input, _PATCHED_ATTR, False):
         return True
     original = mixin._process_vision_input
@@ -203,15 +203,15 @@ def _is_hunyuan_vl(model: Any) -> bool:
 
 
 def _vision_groups() -> bool:
-    from worker.engines import vllm_vision
+    from worker.engines.vllm import vision
 
-    return vllm_vision.install()
+    return vision.install()
 
 
 def _encoder_graphs() -> bool:
-    from worker.engines import vllm_encoder_graphs
+    from worker.engines.vllm import encoder_graphs
 
-    return vllm_encoder_graphs.install()
+    return encoder_graphs.install()
 
 
 _FIXES = {

@@ -60,11 +60,11 @@ def groups(lengths: Sequence[int], limit: int) -> list[range]:
 
 def install() -> bool:
     """Wrap the native tower's forward (idempotent); the wrapper runs vLLM's own unless N > 0.
-    Applied where ``vllm_compat`` lists it: releases with the native model (0.26), whose
+    Applied where ``compat`` lists it: releases with the native model (0.26), whose
     ``HunYuanVisionTransformer.forward`` this mirrors."""
-    from worker.engines import vllm_compat
+    from worker.engines.vllm import compat
 
-    tower = vllm_compat.hunyuan_vision().HunYuanVisionTransformer
+    tower = compat.hunyuan_vision().HunYuanVisionTransformer
     if getattr(tower.forward, _PATCHED_ATTR, False):
         return True
     original = tower.forward

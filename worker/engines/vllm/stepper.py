@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.engines import hunyuan, vllm_compat
-from worker.engines.vllm_common import cut_repetition
+from worker.engines import hunyuan
+from worker.engines.vllm import compat
+from worker.engines.vllm.common import cut_repetition
 
 #: new tokens between two checks of a request's tail for a loop
 REPETITION_CHECK_EVERY = 8
@@ -109,7 +110,7 @@ class Stepper:
         for rid, engine_input, params, gen, priority in inbox:
             try:
                 self.engine.add_request(rid, engine_input, params, priority=priority)
-            except vllm_compat.client_errors() as exc:  # vLLM's refusal of this request only
+            except compat.client_errors() as exc:  # vLLM's refusal of this request only
                 gen.rejected, gen.finish = exc, "rejected"
                 continue
             except BaseException as exc:  # a dead engine core: every caller's failure

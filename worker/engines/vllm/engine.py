@@ -29,13 +29,12 @@ from typing import Any
 from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
-from worker.costs import ModelProfile
-from worker.engines import hunyuan, vllm_compat, vllm_startup, vllm_vision
+from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.render_ahead import RenderAhead, one_torch_thread
-from worker.engines.transformers_engine import weights_revision
-from worker.engines.vllm_common import (
+from worker.engines.transformers.engine import weights_revision
+from worker.engines.vllm import compat, startup, vision
+from worker.engines.vllm.common import (
     admission_error,
     answer_meta,
     compilation_config,
@@ -44,8 +43,10 @@ from worker.engines.vllm_common import (
     image_messages,
     render_threads,
 )
-from worker.engines.vllm_gauges import Gauges, kv_tokens
-from worker.engines.vllm_stepper import EngineDead, Gen, Stepper
+from worker.engines.vllm.gauges import Gauges, kv_tokens
+from worker.engines.vllm.render_ahead import RenderAhead, one_torch_thread
+from worker.engines.vllm.stepper import EngineDead, Gen, Stepper
+from worker.memory.costs import ModelProfile
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class VllmEngine:
         self.capacity_bytes: int | None = None
         #: seconds the last (re)build took
         self.start_seconds: float | None = None
-        #: the last build's phases (seconds): vLLM's own (vllm_startup) plus ours around ``LLM()``
+        #: the last build's phases (seconds): vLLM's own (startup) plus ours around ``LLM()``
         self.start_phases: dict[str, float] = {}
         #: tokens vLLM's KV cache holds (known once built): what admission control plans against
         self.kv_capacity_tokens: int | None = None
@@ -162,8 +163,8 @@ class VllmEngine:
         import torch
 
         graphs = compilation_config(s, torch.cuda.is_available())
-        if graphs and not vllm_compat.family().native_model:  # the graphs patch 0.26's native tower
-            log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", vllm_compat.family())
+        if graphs and not compat.family().native_model:  # the graphs patch 0.26's native tower
+            log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", compat.family())
         elif graphs:
             args["compilation_config"] = graphs
         args.update(dict(s.extra.get("vllm", {})))
@@ -186,20 +187,20 @@ class VllmEngine:
             if self.settings.cuda_alloc_conf:  # read by the engine core process vLLM starts
                 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", self.settings.cuda_alloc_conf)
         # read per call by the plugin's tower forward, in this process and in vLLM's core
-        os.environ[vllm_vision.ENV] = str(self.settings.vision_group_patches)
+        os.environ[vision.ENV] = str(self.settings.vision_group_patches)
         if self.settings.compile_cache_dir is not None:  # read by the engine core process too
             os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(self.settings.compile_cache_dir).resolve()))
         phase_log = Path(tempfile.mkstemp(prefix="ocrq-vllm-start-", suffix=".jsonl")[1])
-        os.environ[vllm_startup.ENV] = str(phase_log)  # inherited by the engine core process
-        vllm_startup.install_from_env()
+        os.environ[startup.ENV] = str(phase_log)  # inherited by the engine core process
+        startup.install_from_env()
         t0 = time.perf_counter()
         try:
             self._llm = LLM(**args)
         finally:
-            os.environ.pop(vllm_startup.ENV, None)
+            os.environ.pop(startup.ENV, None)
         self.start_seconds = time.perf_counter() - t0
         self.builds += 1
-        phases = {"llm": round(self.start_seconds, 3), **vllm_startup.read(phase_log)}
+        phases = {"llm": round(self.start_seconds, 3), **startup.read(phase_log)}
         phase_log.unlink(missing_ok=True)
         t1 = time.perf_counter()
         if self._tokenizer is None:  # decoding only, under its lock: not one of vLLM's pooled copies
@@ -364,7 +365,7 @@ class VllmEngine:
                 by, engine_input = future.result()
                 # rendered for an engine since torn down (or before the first build): again, now
                 inputs[i] = engine_input if by is llm else self._render(llm, batch[i])
-            except vllm_compat.client_errors() as exc:  # vLLM's refusal of this request
+            except compat.client_errors() as exc:  # vLLM's refusal of this request
                 errors[i] = admission_error(batch[i], exc, self.settings.max_model_len)  # this image only
         mine: dict[str, Gen] = {}
         t0 = time.perf_counter()

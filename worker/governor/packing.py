@@ -1,13 +1,13 @@
 """Which pending images make a micro-batch, given the token room the memory budget leaves (pure).
 
-The governor (``worker.governor``) decides the room and the count cap; this module only packs.
+The governor (``worker.governor.governor``) decides the room and the count cap; this module only packs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from worker.costs import ImageCost
+from worker.memory.costs import ImageCost
 
 
 def batch_tokens(costs: Sequence[ImageCost], padded: bool) -> int:

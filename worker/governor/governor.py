@@ -1,7 +1,7 @@
 """The VRAM governor: which pending images make the next micro-batch.
 
 Pure logic: it sees token costs and memory numbers (bytes) and returns decisions. NVML, torch and
-vLLM stay behind adapters (``worker.nvml``, the engines), so every decision is testable on a CPU.
+vLLM stay behind adapters (``worker.memory.nvml``, the engines), so every decision is testable on a CPU.
 
 Memory model, in the units the engine reports as its batch peak (``MemorySample.peak``)::
 
@@ -13,8 +13,8 @@ bytes per token) and are refitted on recent batches (``Calibrator``); ``boost`` 
 and decays back. A batch is admitted when ``predict · (1 + margin) + overhead ≤ budget``, with
 ``budget = capacity · (1 − headroom)`` and a margin that shrinks as the fit gets good.
 
-On top of the cost model an AIMD count limit (``worker.count_limit``) guards against a model
-that is wrong; paged engines' KV gauges (``worker.paged_kv``) shrink it or hold its growth.
+On top of the cost model an AIMD count limit (``worker.governor.count_limit``) guards against a model
+that is wrong; paged engines' KV gauges (``worker.governor.paged_kv``) shrink it or hold its growth.
 
 What it learned (calibration points, count limit) survives restarts: ``snapshot``/``restore``,
 kept in Redis by the worker (``worker.context``), so only a worker's first start on a model,
@@ -29,15 +29,15 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from worker.calibration import Calibrator
-from worker.costs import ImageCost, ModelProfile
-from worker.count_limit import CountLimit
-from worker.packing import batch_tokens, pack
-from worker.paged_kv import KV_FILL, KvPressure
+from worker.governor.calibration import Calibrator
+from worker.governor.count_limit import CountLimit
+from worker.governor.packing import batch_tokens, pack
+from worker.governor.paged_kv import KV_FILL, KvPressure
+from worker.memory.costs import ImageCost, ModelProfile
 
 if TYPE_CHECKING:
     from ocrq.settings import BatchSettings
-    from worker.nvml import MemoryProbe
+    from worker.memory.nvml import MemoryProbe
 
 log = logging.getLogger(__name__)
 

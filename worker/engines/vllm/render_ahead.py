@@ -15,7 +15,7 @@ thread, so every extra rendering thread may bring a team of one thread per core.
 first set on the H200 host (16 cores), with 4 render threads and up to 8 batch threads rendering
 at once, a page took 3.75 s on average (0.19 s in its second set, 0.1 s alone).
 
-Pure threading, no vLLM: the render function is given (``worker.engines.vllm_engine``).
+Pure threading, no vLLM: the render function is given (``worker.engines.vllm.engine``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What enters the engine loop (``worker.engine_loop``): images announced while the worker still
+"""What enters the engine loop (``worker.loop.engine_loop``): images announced while the worker still
 fetches and decodes them (``Intake``), images queued with the future their result completes
 (``QueuedImage``), and completing such a future exactly once (``settle``)."""
 

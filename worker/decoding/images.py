@@ -1,7 +1,7 @@
 """Fetched bytes -> upright RGB pages within the pixel cap, with typed errors.
 
 The format is sniffed from the content (magic bytes), never from the name. PDFs are rendered page
-by page (``worker.documents``). One page per frame (multi-page TIFF, animated GIF/WebP) up to
+by page (``worker.decoding.documents``). One page per frame (multi-page TIFF, animated GIF/WebP) up to
 ``max_pages``. EXIF orientation is
 applied; alpha is flattened on white; 16-bit and float images are scaled to 8 bits (not clipped);
 images above ``max_pixels`` are downscaled keeping their aspect and the scale is recorded, so
@@ -69,7 +69,7 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
     """Decode every frame (up to ``limits.max_pages``) into an upright RGB ``Page``."""
     if not data:
         raise BadImage("empty image bytes")
-    from worker.documents import decode_pdf, is_pdf  # documents imports Page from here
+    from worker.decoding.documents import decode_pdf, is_pdf  # documents imports Page from here
 
     if is_pdf(data):
         return decode_pdf(data, limits)

@@ -115,7 +115,7 @@ class TransformersEngine:
             str(self.model_dir), dtype=dtype, attn_implementation="sdpa"
         )
         self.model = model.to(self.device).eval()
-        from worker.engines.static_decode import fuse_projections
+        from worker.engines.transformers.static_decode import fuse_projections
 
         fuse_projections(self.model)  # before the weights are measured; memory-neutral
         if self.device.type == "cuda":
@@ -132,10 +132,10 @@ class TransformersEngine:
 
     @property
     def memory_profile(self) -> Any:
-        """``worker.costs.ModelProfile`` for the governor: weights as loaded (measured on CUDA),
+        """``worker.memory.costs.ModelProfile`` for the governor: weights as loaded (measured on CUDA),
         KV bytes/token from the config, ``padded`` (a batch's prompts are padded to the longest
         and its KV cache holds prompt + max_new_tokens slots for every row)."""
-        from worker.costs import ModelProfile
+        from worker.memory.costs import ModelProfile
 
         cfg = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))
         dtype_bytes = 4 if self.device is not None and self.device.type == "cpu" else 2
@@ -240,13 +240,13 @@ class TransformersEngine:
     def _encode(self, reqs: Sequence[OcrRequest], texts: list[str]) -> Any:
         import torch
 
-        from worker.engines.hunyuan_inputs import encode_batch
+        from worker.engines.transformers.inputs import encode_batch
 
         images = [r.image.convert("RGB") if r.image.mode != "RGB" else r.image for r in reqs]
         if self.settings.extra.get("preprocess", "device") == "processor":
             enc = dict(self.processor(text=texts, images=images, padding=True, padding_side="left",
                                       return_tensors="pt").to(self.device))
-        else:  # same tensors, normalised on the device (see hunyuan_inputs)
+        else:  # same tensors, normalised on the device (see inputs.py)
             enc = encode_batch(self.processor, texts, images, self.device)
         # per-row multimodal positions: image index 0 in every row, as when the image runs alone
         core = self.model.model
@@ -267,8 +267,8 @@ class TransformersEngine:
     ) -> tuple[list[_Row], dict[str, Any]]:
         import torch
 
-        from worker.engines.prefill import join_caches, prefill
-        from worker.engines.static_decode import StaticDecoder
+        from worker.engines.transformers.prefill import join_caches, prefill
+        from worker.engines.transformers.static_decode import StaticDecoder
 
         mode = decode or self.decode_mode
         if mode == "graph" and self.device.type != "cuda":

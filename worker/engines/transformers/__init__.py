@@ -1,0 +1,1 @@
+"""HunyuanOCR through transformers: chunked prefill and a static-KV greedy decoder (``engine``)."""
