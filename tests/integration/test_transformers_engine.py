@@ -61,7 +61,7 @@ def test_engine_protocol_and_revision(engine, checkpoint: Path) -> None:
     assert engine.decode_mode == "hf" and engine.model.dtype == torch.float32
     assert engine.revision.startswith("hunyuanocr-1.5-")
     from worker.checkpoint import make_random_checkpoint
-    from worker.engines.transformers.engine import weights_revision
+    from worker.engines.weights import weights_revision
 
     other = make_random_checkpoint(checkpoint.parent / "seed1", "tiny", seed=1)
     assert weights_revision(other, "1.5") != engine.revision

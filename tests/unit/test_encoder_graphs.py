@@ -11,8 +11,8 @@ import pytest
 
 from ocrq.settings import EngineSettings
 from worker.engines.vllm import launcher
-from worker.engines.vllm.common import compilation_config
 from worker.engines.vllm.encoder_graphs import BUDGET_STEP, PATCHES_PER_TOKEN, budgets, page_tokens
+from worker.engines.vllm.options import compilation_config
 
 
 def test_a_pages_tokens_are_its_merged_rows_with_a_newline_each_plus_begin_and_end() -> None:

@@ -19,7 +19,6 @@ masked and excluded from the repetition-penalty history, and stop rules are eval
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import time
@@ -33,6 +32,7 @@ from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
+from worker.engines.weights import weights_revision
 
 #: PyTorch CUDA allocator settings the engine asks for unless the environment sets its own
 ALLOC_CONF = "expandable_segments:True"
@@ -47,21 +47,6 @@ class _Row:
     stop_reason: str
     generated: int
     repetition: hunyuan.Repetition | None = None
-
-
-def weights_revision(model_dir: Path, version: str) -> str:
-    """Stable id of a checkpoint: hash of config.json, each safetensors header (names, shapes,
-    offsets) and three 64 KiB samples of its data (random checkpoints share headers)."""
-    h = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.glob("*.safetensors")):
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            h.update(path.name.encode() + f.read(n))
-            for at in (8 + n, (8 + n + size) // 2, max(8 + n, size - 65536)):
-                f.seek(at)
-                h.update(f.read(65536))
-    return f"hunyuanocr-{version}-{h.hexdigest()[:16]}"
 
 
 class TransformersEngine:

@@ -22,7 +22,7 @@ from ocrq.errors import BadRequest, EngineCrashed
 from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
-from worker.engines.vllm.common import cut_repetition, image_messages
+from worker.engines.vllm.answers import cut_repetition, image_messages
 
 __all__ = ["REPETITION_CHECK_EVERY", "Answer", "encode_body", "request_body"]
 

@@ -32,20 +32,14 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.transformers.engine import weights_revision
 from worker.engines.vllm import compat, startup, vision
-from worker.engines.vllm.common import (
-    admission_error,
-    answer_meta,
-    compilation_config,
-    device_memory,
-    gpu_utilization,
-    image_messages,
-    render_threads,
-)
+from worker.engines.vllm.answers import admission_error, answer_meta, image_messages
 from worker.engines.vllm.gauges import Gauges, kv_tokens
+from worker.engines.vllm.gpu_share import device_memory, gpu_utilization
+from worker.engines.vllm.options import compilation_config, render_threads
 from worker.engines.vllm.render_ahead import RenderAhead, one_torch_thread
 from worker.engines.vllm.stepper import EngineDead, Gen, Stepper
+from worker.engines.weights import weights_revision
 from worker.memory.costs import ModelProfile
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import httpx
 
 from ocrq.settings import EngineSettings
 from worker.engines.vllm import vision
-from worker.engines.vllm.common import compilation_config, render_threads
+from worker.engines.vllm.options import compilation_config, render_threads
 
 log = logging.getLogger(__name__)
 

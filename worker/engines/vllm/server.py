@@ -38,8 +38,8 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
+from worker.engines.vllm.answers import answer_meta
 from worker.engines.vllm.chat import Answer, encode_body, request_body
-from worker.engines.vllm.common import answer_meta
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class VllmServerEngine:
         if self._revision is None:
             model_dir = self.settings.model_dir
             if model_dir is not None and (Path(model_dir) / "config.json").exists():
-                from worker.engines.transformers.engine import weights_revision
+                from worker.engines.weights import weights_revision
 
                 self._revision = weights_revision(Path(model_dir), self.version)
             else:

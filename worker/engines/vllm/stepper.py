@@ -21,7 +21,7 @@ from typing import Any
 
 from worker.engines import hunyuan
 from worker.engines.vllm import compat
-from worker.engines.vllm.common import cut_repetition
+from worker.engines.vllm.answers import cut_repetition
 
 #: new tokens between two checks of a request's tail for a loop
 REPETITION_CHECK_EVERY = 8

@@ -1,4 +1,4 @@
-"""The pure pieces the two vLLM engines share (``worker.engines.vllm.common``); no vLLM needed."""
+"""The pure pieces the two vLLM engines share (``worker.engines.vllm.answers``, ``gpu_share``); no vLLM needed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ocrq.errors import TooLargeForDevice
 
 
 def test_gpu_share_leaves_room_for_other_processes() -> None:
-    from worker.engines.vllm.common import gpu_utilization
+    from worker.engines.vllm.gpu_share import gpu_utilization
 
     gib = 1 << 30
     assert gpu_utilization(0.85, 80 * gib, 79 * gib) == 0.85  # an idle card: the setting stands
@@ -18,7 +18,7 @@ def test_gpu_share_leaves_room_for_other_processes() -> None:
 
 
 def test_loop_cut_keeps_one_copy_of_the_unit() -> None:
-    from worker.engines.vllm.common import cut_repetition
+    from worker.engines.vllm.answers import cut_repetition
 
     head = list(range(100, 110))
     kept, rep = cut_repetition(head + [1, 2, 3] * 12, 12)
