@@ -24,7 +24,8 @@ from ocrq.refs import is_local
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext
 from worker.decoding.documents import is_pdf
-from worker.decoding.images import Page, decode, sha256_hex
+from worker.decoding.images import decode, sha256_hex
+from worker.decoding.page import Page
 from worker.fanout import fan_out
 
 

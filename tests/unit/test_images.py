@@ -13,7 +13,8 @@ from PIL import Image
 
 from ocrq.errors import BadImage, TooLarge, UnsupportedFormat
 from ocrq.settings import LimitSettings
-from worker.decoding.images import Page, decode, sha256_hex
+from worker.decoding.images import decode, sha256_hex
+from worker.decoding.page import Page
 
 LIMITS = LimitSettings()
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)

@@ -18,7 +18,8 @@ from ocrq.messages import Chunk, Item
 from ocrq.results import OcrOutput
 from ocrq.settings import Settings
 from tests.unit.test_documents import make_pdf
-from worker.decoding.images import Page, decode, sha256_hex
+from worker.decoding.images import decode, sha256_hex
+from worker.decoding.page import Page
 from worker.prepare import assemble, decode_miss, decode_misses, prepare
 
 

@@ -47,7 +47,8 @@ from PIL import Image
 from ocrq.errors import DecoderCrashed, OcrqError, error_from_dict
 from ocrq.settings import LimitSettings
 from worker.decoding import memfd_pipe
-from worker.decoding.images import Page, decode
+from worker.decoding.images import decode
+from worker.decoding.page import Page
 
 log = logging.getLogger("ocrq.decode")
 

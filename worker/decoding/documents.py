@@ -23,7 +23,7 @@ import threading
 
 from ocrq.errors import BadDocument, EncryptedDocument, TooLarge
 from ocrq.settings import LimitSettings
-from worker.decoding.images import Page
+from worker.decoding.page import Page
 
 _PDFIUM_LOCK = threading.Lock()
 _POINTS_PER_INCH = 72.0

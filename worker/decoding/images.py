@@ -19,12 +19,13 @@ import hashlib
 import io
 import math
 import threading
-from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
 from ocrq.errors import BadImage, OcrqError, TooLarge, UnsupportedFormat
 from ocrq.settings import LimitSettings
+from worker.decoding.documents import decode_pdf, is_pdf
+from worker.decoding.page import Page
 
 #: Pillow formats we decode; anything else Pillow recognises is refused (smaller attack surface)
 ACCEPTED_FORMATS = frozenset({
@@ -41,26 +42,6 @@ _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _PIL_LIMIT_LOCK = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Page:
-    """One decoded frame, ready for an engine."""
-
-    image: Image.Image
-    #: frame number in the file (0-based)
-    index: int
-    width: int
-    height: int
-    #: upright (after EXIF orientation) full-resolution size
-    original_width: int
-    original_height: int
-    #: width / original_width (1.0 when not downscaled)
-    scale: float
-    #: frames in the file; more than the pages returned when ``max_pages`` cut it short
-    frame_count: int = 1
-    #: sha256 of the rendered page when the page, not the file, is the unit of caching (PDF pages)
-    digest: str | None = None
-
-
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -69,8 +50,6 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
     """Decode every frame (up to ``limits.max_pages``) into an upright RGB ``Page``."""
     if not data:
         raise BadImage("empty image bytes")
-    from worker.decoding.documents import decode_pdf, is_pdf  # documents imports Page from here
-
     if is_pdf(data):
         return decode_pdf(data, limits)
     _refuse_known_unsupported(data)
