@@ -25,9 +25,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ocrq.docbytes import dumps_doc
 from ocrq.errors import StorageUnavailable
 from ocrq.keys import is_export_object
-from ocrq.storage import LocalStore, dumps_doc
+from ocrq.local_store import LocalStore
 
 DB_NAME = "store.sqlite3"
 #: how long a writer waits for another process's transaction before StorageUnavailable

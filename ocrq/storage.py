@@ -1,5 +1,5 @@
 """The durable store: S3 (or MinIO/moto) in production, a local directory in the embedded default
-(one SQLite database, ``ocrq.sqlite_store``; ``LocalStore`` here is the earlier one-file-per-document
+(one SQLite database, ``ocrq.sqlite_store``; ``ocrq.local_store`` is the earlier one-file-per-document
 layout, still read).
 
 Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
@@ -11,15 +11,13 @@ and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping ref
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
+from ocrq.docbytes import dumps_doc
 from ocrq.errors import MissingObject, StorageUnavailable
 from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
@@ -67,81 +65,6 @@ def make_s3_client(store: StoreSettings) -> Any:
         kwargs["aws_access_key_id"] = store.access_key_id.get_secret_value()
         kwargs["aws_secret_access_key"] = store.secret_access_key.get_secret_value()
     return boto3.client("s3", **kwargs)
-
-
-def dumps_doc(doc: Any) -> bytes:
-    """A document's bytes: JSON-able values are serialized; bytes are taken as JSON already."""
-    if isinstance(doc, bytes | bytearray):
-        return bytes(doc)
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-class LocalStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root.resolve()
-        self.location = str(self.root) + "/"
-
-    def _path(self, path: str) -> Path:
-        return self.root / path
-
-    def put_json(self, path: str, doc: Any) -> None:
-        target = self._path(path)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # write-then-rename: readers never see half a document
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(dumps_doc(doc))
-            os.replace(tmp, target)
-        except OSError as exc:
-            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
-
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
-        for path, doc in items:
-            self.put_json(path, doc)
-
-    def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
-        return {p: doc for p in paths if (doc := self._get(p, raw)) is not None}
-
-    def get_json(self, path: str) -> Any | None:
-        return self._get(path, False)
-
-    def _get(self, path: str, raw: bool) -> Any | None:
-        try:
-            data = self._path(path).read_bytes()
-            return data if raw else json.loads(data)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StorageUnavailable(f"local store read {path}: {exc}") from exc
-
-    def put_file(self, path: str, local: Path, content_type: str) -> None:
-        target = self._path(path)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-            os.close(fd)
-            shutil.copyfile(local, tmp)
-            os.replace(tmp, target)
-        except OSError as exc:
-            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
-
-    def delete(self, path: str) -> None:
-        try:
-            self._path(path).unlink(missing_ok=True)
-        except OSError as exc:
-            raise StorageUnavailable(f"local store delete {path}: {exc}") from exc
-
-    def delete_many(self, paths: Iterable[str]) -> None:
-        for path in paths:
-            self.delete(path)
-
-    def list(self, prefix: str) -> Iterator[str]:
-        base = self._path(prefix)
-        if not base.is_dir():
-            return
-        for p in sorted(base.rglob("*.json")):
-            yield str(p.relative_to(self.root))
 
 
 #: concurrent requests of one ``put_many`` / ``get_many`` (within the client's 32 connections)

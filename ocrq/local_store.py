@@ -1,0 +1,83 @@
+"""The earlier local layout of the durable store: one JSON file per document under ``store.path``.
+Still read (``ocrq.sqlite_store`` falls back to it), and where exports are written as plain files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ocrq.docbytes import dumps_doc
+from ocrq.errors import StorageUnavailable
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.location = str(self.root) + "/"
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    def put_json(self, path: str, doc: Any) -> None:
+        target = self._path(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # write-then-rename: readers never see half a document
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(dumps_doc(doc))
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
+
+    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        for path, doc in items:
+            self.put_json(path, doc)
+
+    def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
+        return {p: doc for p in paths if (doc := self._get(p, raw)) is not None}
+
+    def get_json(self, path: str) -> Any | None:
+        return self._get(path, False)
+
+    def _get(self, path: str, raw: bool) -> Any | None:
+        try:
+            data = self._path(path).read_bytes()
+            return data if raw else json.loads(data)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageUnavailable(f"local store read {path}: {exc}") from exc
+
+    def put_file(self, path: str, local: Path, content_type: str) -> None:
+        target = self._path(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            os.close(fd)
+            shutil.copyfile(local, tmp)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store write {target}: {exc}") from exc
+
+    def delete(self, path: str) -> None:
+        try:
+            self._path(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageUnavailable(f"local store delete {path}: {exc}") from exc
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
+    def list(self, prefix: str) -> Iterator[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for p in sorted(base.rglob("*.json")):
+            yield str(p.relative_to(self.root))
