@@ -19,7 +19,7 @@ from celery import Celery
 
 from ocrq.redis_conn import celery_options
 from ocrq.settings import Settings
-from ocrq.transport import install as install_transport
+from ocrq.transport_aliases import install as install_transport
 
 
 def make_celery(settings: Settings, name: str = "ocrq") -> Celery:

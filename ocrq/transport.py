@@ -32,8 +32,8 @@ client is already gone and the worker dies with ``AttributeError: 'NoneType' …
 when the transport is gone: they are the reaper's to bring back (worker.reaper), and the worker
 reconnects instead of exiting.
 
-``ocrq.queue.make_celery`` calls ``install()``: the ``redis`` and ``rediss`` transport aliases then
-name this class, so broker URLs keep their scheme (Flower picks its broker reader from it).
+``ocrq.queue.make_celery`` calls ``ocrq.transport_aliases.install()``: the ``redis`` and ``rediss``
+transport aliases then name this class, so broker URLs keep their scheme (Flower picks its broker reader from it).
 """
 
 from __future__ import annotations
@@ -380,28 +380,3 @@ def _delivery_tag(raw: bytes) -> str | None:
 
 class Transport(kredis.Transport):
     Channel = Channel
-
-
-#: the kombu minor versions whose Redis channel internals (``_in_poll``, ``_brpop_sent_at``,
-#: the BRPOP start/read pair) this transport was written and tested against
-KOMBU_TESTED = ((5, 7),)
-
-
-def install() -> None:
-    """Make ``redis://``, ``rediss://`` and ``sentinel://`` connections in this process use ocrq's
-    transport."""
-    import kombu
-    import kombu.transport as kt
-
-    version = tuple(int(p) for p in kombu.__version__.split(".")[:2])
-    if version not in KOMBU_TESTED:
-        raise RuntimeError(f"ocrq's broker transport overrides kombu's Redis channel internals and is tested "
-                           f"with kombu {KOMBU_TESTED}, not {kombu.__version__}: install kombu>=5.7,<5.8")
-
-    for scheme in ("redis", "rediss"):
-        if kt.TRANSPORT_ALIASES.get(scheme) != f"{__name__}:Transport":
-            kt.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
-            kt._transport_cache.pop(scheme, None)
-    from ocrq.transport_sentinel import install as install_sentinel
-
-    install_sentinel()  # sentinel:// URLs: the same transport on a pool that follows the master

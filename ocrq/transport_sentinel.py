@@ -9,7 +9,7 @@ Sentinels for the master, and a reply that says "not the master" is a ``Connecti
 kind of error kombu and Celery answer by reconnecting. The pool is dropped with the connection
 (kombu's ``_disconnect_pools``), so a reconnect starts from what the Sentinels say now.
 
-``install()`` (called by ``ocrq.transport.install``) points kombu's ``sentinel`` alias here.
+``ocrq.transport_aliases.install()`` points kombu's ``sentinel`` alias here.
 """
 
 from __future__ import annotations
@@ -44,12 +44,3 @@ class Channel(base.Channel, kredis.SentinelChannel):
 
 class Transport(kredis.SentinelTransport):
     Channel = Channel
-
-
-def install() -> None:
-    """Make ``sentinel://`` connections in this process use this transport."""
-    import kombu.transport as kt
-
-    if kt.TRANSPORT_ALIASES.get("sentinel") != f"{__name__}:Transport":
-        kt.TRANSPORT_ALIASES["sentinel"] = f"{__name__}:Transport"
-        kt._transport_cache.pop("sentinel", None)
