@@ -1,5 +1,6 @@
 """``ocrq submit --openai-batch FILE`` and ``ocrq export JOB --format openai-batch``: the command
-line of ``producer.openai_batch`` (imported by ``ocrq_cli.main`` when those options are given)."""
+line of ``producer.openai_batch`` (imported by ``ocrq_cli.submit`` and ``ocrq_cli.jobs`` when those
+options are given)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ import typer
 from rich.markup import escape
 
 from ocrq.errors import OcrqError
-from ocrq_cli.main import _client, _images, _job, _print_counts, _print_submitted, _settings, _wait, console
+from ocrq_cli.common import (
+    command_settings,
+    console,
+    images,
+    job_handle,
+    make_client,
+    print_counts,
+    print_submitted,
+    wait_progress,
+)
 
 
 def submit(refs: list[str] | None, source: str | None, job: str, priority: int | None, wait: bool,
@@ -29,7 +39,7 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
 
     if source is None or refs:
         raise typer.BadParameter("give refs, or --openai-batch FILE alone", param_hint="REFS")
-    client = _client(_settings())
+    client = make_client(command_settings())
     t0 = time.monotonic()
     try:
         batch = plan_batch(client, source)
@@ -54,7 +64,7 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
     except (OcrqError, ValueError) as exc:
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc
-    _print_submitted(job, handle, time.monotonic() - t0, False)
+    print_submitted(job, handle, time.monotonic() - t0, False)
     if not (wait or out):
         return
     try:
@@ -64,14 +74,14 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
             console.print(f"wrote {marker['lines']} lines to {out / 'output.jsonl'} and {marker['error_lines']} "
                           f"to {out / 'errors.jsonl'}, then {out / '_SUCCESS'}")
         else:
-            counts = _wait(handle, timeout)
+            counts = wait_progress(handle, timeout)
     except TimeoutError as exc:
         console.print(f"[yellow]timed out[/] after {timeout:g}s; the job goes on: `ocrq export {job} --format "
                       f"openai-batch --out DIR` writes what is final")
         raise typer.Exit(code=4) from exc
-    _print_counts(job, counts, time.monotonic() - t0, published=handle.published)
+    print_counts(job, counts, time.monotonic() - t0, published=handle.published)
     if counts["failed"] or batch.rejected:
-        console.print(f"  {_images(counts['failed'])} failed, {len(batch.rejected)} lines rejected: "
+        console.print(f"  {images(counts['failed'])} failed, {len(batch.rejected)} lines rejected: "
                       "each has its line in the error file")
         raise typer.Exit(code=3)
 
@@ -86,8 +96,8 @@ def export(job: str, fmt: str, out: Path | None, wait: bool, timeout: float | No
     if fmt != "openai-batch":
         raise typer.BadParameter("jsonl (Parquet if asked) | openai-batch (--out DIR with openai-batch only)",
                                  param_hint="--format")
-    client = _client(_settings())
-    handle = _job(client, job)
+    client = make_client(command_settings())
+    handle = job_handle(client, job)
     try:
         if out is not None:
             marker: dict[str, Any] = write_files(client, job, out, follow=wait, timeout=timeout)
