@@ -4,6 +4,9 @@ inside functions and under ``TYPE_CHECKING``), so the picture stays true.
     ocrq_cli                      the command line, above both sides
     producer        worker        the two sides (worker: tasks → engine loop → governor, engines)
     ocrq                          the shared contract, imports neither side
+
+No import circles anywhere: neither between modules nor between folders (a folder is a package;
+worker/loop/ imports worker/governor/, never the other way).
 """
 
 from __future__ import annotations
@@ -15,15 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: the engine loop and the governor (with the modules it is made of): engines know none of them
-LOOP = ("worker.loop.engine_loop", "worker.loop.intake", "worker.loop.oom", "worker.loop.engine_time")
-GOVERNOR = (
-    "worker.governor.governor",
-    "worker.governor.count_limit",
-    "worker.governor.paged_kv",
-    "worker.governor.packing",
-    "worker.governor.calibration",
-)
+#: the engine loop and the governor (every module of their folders): engines know none of them
+LOOP = ("worker.loop",)
+GOVERNOR = ("worker.governor",)
 LOOP_AND_GOVERNOR = LOOP + GOVERNOR
 
 
@@ -68,6 +65,76 @@ def offenders(mods: list[tuple[str, set[str]]], forbidden: tuple[str, ...]) -> l
     )
 
 
+def resolved_imports(source: str, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``source`` imports, each once and exactly: ``from a import b``
+    is ``a.b`` when that is a module, else ``a`` (a name defined in ``a``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = min(imports_of(ast.unparse(node), module, is_package), key=len)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return found & known
+
+
+def import_graph(*packages: str) -> dict[str, set[str]]:
+    """module → the modules it imports, over every module of ``packages``."""
+    paths = [path for package in packages for path in sorted((ROOT / package).rglob("*.py"))]
+    known = {module_name(path) for path in paths}
+    return {
+        module_name(path): resolved_imports(path.read_text(), module_name(path), path.name == "__init__.py", known)
+        - {module_name(path)}
+        for path in paths
+    }
+
+
+def folder_of(module: str) -> str:
+    """The folder a module's file is in, as a package name (a package's ``__init__`` is in its own)."""
+    return module if (ROOT / module.replace(".", "/") / "__init__.py").exists() else module.rpartition(".")[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, imports in graph.items():
+        out.setdefault(folder_of(module), set()).update(folder_of(i) for i in imports)
+    return {folder: targets - {folder} for folder, targets in out.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected component of more than one node
+    (Tarjan), its members sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
 def test_the_import_reader_sees_every_form() -> None:
     src = (
         "import producer.client\n"
@@ -101,7 +168,36 @@ def test_layers(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert offenders(modules(*packages), forbidden) == []
 
 
-def test_the_governor_knows_no_engine() -> None:
-    governor = [m for m in modules("worker") if m[0] in GOVERNOR]
-    assert len(governor) == 5
-    assert offenders(governor, ("worker.engines",)) == []
+def test_the_governor_is_pure_logic() -> None:
+    """The governor sees numbers (token costs, bytes): no engine, no loop, no device library."""
+    governor = modules("worker/governor")
+    assert {"worker.governor.governor", "worker.governor.count_limit", "worker.governor.paged_kv",
+            "worker.governor.packing", "worker.governor.calibration"} <= {name for name, _ in governor}
+    assert offenders(governor, ("worker.engines", "worker.loop", "torch", "vllm", "pynvml")) == []
+
+
+def test_the_circle_finder_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    # a function-level import counts, and ``from pkg import module`` is an edge to the module
+    known = {"worker.x", "worker.x.a", "worker.x.b"}
+    assert resolved_imports("def f():\n    from worker.x import b\n", "worker.x.a", False, known) == {"worker.x.b"}
+    assert resolved_imports("from . import b, helper\n", "worker.x.a", False, known) == {"worker.x.b", "worker.x"}
+    assert folder_graph({"worker.x.a": {"worker.y.b"}, "worker.y.b": {"worker.x.c"}}) == {
+        "worker.x": {"worker.y"}, "worker.y": {"worker.x"}}
+
+
+ALL = ("ocrq", "ocrq_cli", "worker", "producer")
+
+
+def test_no_import_circle_between_modules() -> None:
+    graph = import_graph(*ALL)
+    assert {"worker.tasks", "ocrq.storage", "ocrq_cli.main", "producer.client"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_no_import_circle_between_folders() -> None:
+    folders = folder_graph(import_graph(*ALL))
+    assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq"} <= set(folders)
+    assert cycles(folders) == []
