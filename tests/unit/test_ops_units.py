@@ -15,9 +15,9 @@ from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings
 from ocrq.stack import Stack, flower_argv
+from worker.chunk_report import ChunkReport
 from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
-from worker.tasks import ChunkReport
 
 
 def test_flower_password_is_generated_once_private_and_reused(tmp_path: Path) -> None:

@@ -1,0 +1,184 @@
+"""The steps of one attempt at a chunk (``worker.tasks._process_chunk`` calls them in order), each
+returning what the next needs as a typed value:
+
+    fetch → Fetched → check_cache → CacheCheck → decode_misses → errors
+          → infer → Inferred → store → ChunkReport
+
+An image that fails at a step is in that step's errors and goes no further; ``store`` settles it.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.messages import Chunk
+from ocrq.results import ImageRecord, ImageResult, ImageStatus, OcrOutput
+from worker import prepare as prep
+from worker.chunk_report import ChunkReport
+from worker.context import WorkerContext
+from worker.engines.base import OcrRequest
+from worker.fanout import fan_out
+from worker.loop.intake import Intake
+from worker.prepare import Prepared, Unit
+from worker.records import engine_share, image_record, result_documents, settle
+
+#: (image id, unit number): one cache entry of one image (a file, or one page of a PDF)
+UnitId = tuple[str, int]
+
+
+@dataclass
+class Fetched:
+    """Step 1: every image fetched and hashed (PDFs rendered), or its typed error."""
+
+    prepared: dict[str, Prepared]
+    errors: dict[str, OcrqError]
+
+
+@dataclass
+class CacheCheck:
+    """Step 2: the chunk's cache units and which of them hit (one MGET)."""
+
+    units: list[tuple[str, int, Unit]]
+    hits: dict[str, list[OcrOutput]]
+    #: the store requests this attempt made, for the job's cost
+    reads: list[int]
+
+    @property
+    def n_hits(self) -> int:
+        return sum(unit.cache_key in self.hits for _, _, unit in self.units)
+
+
+@dataclass
+class Inferred:
+    """Step 4: the engine's outputs per unit that missed, which of them another request already
+    had in flight (``shared``: not this chunk's engine work), and the images that failed there."""
+
+    computed: dict[UnitId, list[OcrOutput]]
+    shared: set[UnitId]
+    errors: dict[str, OcrqError]
+    #: units handed to the engine loop
+    units: int
+
+
+@dataclass
+class Stored:
+    """Step 5: the chunk's report and how many result documents were written."""
+
+    report: ChunkReport
+    documents: int
+
+
+def fetch(ctx: WorkerContext, chunk: Chunk) -> Fetched:
+    """Fetch + hash in the fetch pool, a few groups per chunk (worker.fanout), overlapping other
+    chunks' inference; typed errors from refs/documents, anything else classified."""
+    fetched = Fetched({}, {})
+    outcomes = fan_out(ctx.fetch_pool, prep.fetch_groups(ctx, chunk), lambda it: prep.prepare(ctx, chunk, it),
+                       chunk.items)
+    for it, outcome in zip(chunk.items, outcomes, strict=True):
+        if isinstance(outcome, Exception):
+            fetched.errors[it.id] = classify(outcome)
+        else:
+            fetched.prepared[it.id] = outcome
+    return fetched
+
+
+def check_cache(ctx: WorkerContext, prepared: dict[str, Prepared]) -> CacheCheck:
+    """One MGET for the chunk (files, and PDF pages one by one); hits are neither decoded nor sent
+    to the engine."""
+    units = [(item_id, n, unit) for item_id, p in prepared.items() for n, unit in enumerate(p.units)]
+    reads: list[int] = []
+    check = CacheCheck(units, ctx.cache.get_many([unit.cache_key for _, _, unit in units], reads), reads)
+    ctx.metrics.observe_cache(check.n_hits, len(units) - check.n_hits)
+    return check
+
+
+def decode_misses(ctx: WorkerContext, prepared: dict[str, Prepared], cache: CacheCheck) -> dict[str, OcrqError]:
+    """Validate (decode) the plain images that missed, in the fetch pool and through the isolated
+    decoder (worker.decoding.decode: a few batches per chunk); a bad image fails here, typed. A
+    hit is never decoded: its bytes go now."""
+    misses = [p for p in prepared.values() if not p.document and p.units[0].cache_key not in cache.hits]
+    for p in prepared.values():
+        if p.data and p.units[0].cache_key in cache.hits:
+            p.data = b""
+    return {p.item.id: classify(bad)
+            for p, bad in zip(misses, prep.decode_misses(ctx, misses), strict=True) if bad is not None}
+
+
+def infer(ctx: WorkerContext, chunk: Chunk, prepared: dict[str, Prepared], cache: CacheCheck,
+          errors: dict[str, OcrqError], intake: Intake, deadline: float) -> Inferred:
+    """Every page that missed goes to the engine loop (one hand-off for the chunk), whose governor
+    forms the micro-batches; then one wait for all of them, bounded by the chunk's ``deadline``
+    (the threads pool has no Celery time limits: an image still in the engine then is retried,
+    and its retry joins the same in-flight future)."""
+    todo = [(i, n, unit) for i, n, unit in cache.units if unit.cache_key not in cache.hits and i not in errors]
+    to_run = [(i, n, k, unit.cache_key, pg) for i, n, unit in todo for k, pg in enumerate(unit.pages)]
+    submitted = ctx.submit_once_many([
+        (f"{key}#{k}", OcrRequest(f"{i}#{pg.index}", pg.image, *chunk.spec(prepared[i].item),
+                                   priority=chunk.priority))
+        for i, _, k, key, pg in to_run])
+    intake.close()
+    pending: dict[UnitId, list[Future[OcrOutput]]] = {(i, n): [] for i, n, _ in todo}
+    # same content already in flight (here or in another chunk): the engine runs once, the rest are hits
+    all_shared = dict.fromkeys(pending, True)
+    for (i, n, _, _, _), (fut, was_shared) in zip(to_run, submitted, strict=True):
+        pending[(i, n)].append(fut)
+        all_shared[(i, n)] = all_shared[(i, n)] and was_shared
+    inferred = Inferred({}, {u for u, was in all_shared.items() if was}, {}, len(pending))
+    # one wake-up when the chunk's last page is done (not one per engine batch: with batches of 4,
+    # the thread slept and woke for every 4 images)
+    wait([f for futures in pending.values() for f in futures], timeout=max(0.0, deadline - time.monotonic()))
+    for (item_id, n), page_futures in pending.items():
+        if item_id in inferred.errors:  # another page of this document already failed
+            continue
+        try:
+            inferred.computed[(item_id, n)] = [
+                prep.on_page(f.result(timeout=max(0.0, deadline - time.monotonic())), pg.index)
+                for f, pg in zip(page_futures, prepared[item_id].units[n].pages, strict=True)
+            ]
+        except FutureTimeout:
+            inferred.errors[item_id] = EngineTimeout(f"no engine result within {ctx.settings.queue.time_limit}s")
+        except Exception as exc:
+            inferred.errors[item_id] = classify(exc)
+    return inferred
+
+
+def store(ctx: WorkerContext, chunk: Chunk, worker: str | None, prepared: dict[str, Prepared], cache: CacheCheck,
+          inferred: Inferred, errors: dict[str, OcrqError], t0: float) -> Stored:
+    """Cache entries (durable + hot) and one result document per final image (one store call),
+    then the job index. Pages computed for a document whose other page failed are cached too (its
+    retry hits them); the outputs carry their page numbers: an entry is stored as computed."""
+    computed_units: dict[str, list[int]] = {}
+    for i, n in inferred.computed:
+        computed_units.setdefault(i, []).append(n)
+    report = ChunkReport()
+    records: list[ImageRecord] = []
+    docs: list[ImageResult] = []
+    max_pages = ctx.settings.limits.max_pages
+    for item in chunk.items:
+        got = prepared.get(item.id)
+        if item.id in errors:
+            rec = settle(ctx, chunk, item, errors[item.id], got, worker, report)
+            if rec.status is ImageStatus.failed:
+                docs.append(ImageResult(record=rec))
+        else:
+            assert got is not None
+            mine = computed_units.get(item.id, [])
+            outs, cached = prep.assemble(got, cache.hits, {n: inferred.computed[(item.id, n)] for n in mine},
+                                         {n for n in mine if (item.id, n) in inferred.shared}, max_pages)
+            rec = image_record(chunk, item, ImageStatus.done, None, got, cached=cached, pages=len(outs),
+                               worker=worker, **({} if cached else engine_share(outs)))
+            report.done += 1
+            report.cached += cached
+            docs.append(ImageResult(record=rec, outputs=outs))
+        records.append(rec)
+    part, writes = result_documents(ctx, chunk, docs)
+    entries = {prepared[i].units[n].cache_key: outs for (i, n), outs in inferred.computed.items()
+               if (i, n) not in inferred.shared}
+    ctx.cache.put_many(entries, documents=writes)
+    ctx.index.record(records, requests=(len(entries) + len(writes), sum(cache.reads)), part=part)
+    ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
+    return Stored(report, len(docs))
