@@ -12,7 +12,8 @@ PACKAGES = ("ocrq", "ocrq_cli", "producer", "worker")
 
 def named() -> set[str]:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    return set(re.findall(r"\b((?:%s)/[\w/]+\.py)\b" % "|".join(PACKAGES), text))
+    pattern = r"\b((?:" + "|".join(PACKAGES) + r")/[\w/]+\.py)\b"
+    return set(re.findall(pattern, text))
 
 
 def test_every_module_named_exists() -> None:
