@@ -36,7 +36,7 @@ from worker.engines.vllm import compat, startup, vision
 from worker.engines.vllm.answers import admission_error, answer_meta, image_messages
 from worker.engines.vllm.gauges import Gauges, kv_tokens
 from worker.engines.vllm.gpu_share import device_memory, gpu_utilization
-from worker.engines.vllm.options import compilation_config, render_threads
+from worker.engines.vllm.options import dtype, llm_args, render_threads
 from worker.engines.vllm.render_ahead import RenderAhead, one_torch_thread
 from worker.engines.vllm.stepper import EngineDead, Gen, Stepper
 from worker.engines.weights import weights_revision
@@ -96,7 +96,7 @@ class VllmEngine:
     @property
     def memory_profile(self) -> ModelProfile:
         config = json.loads((self.model_dir / "config.json").read_text(encoding="utf-8"))
-        dtype_bytes = 2 if self._dtype() in ("bfloat16", "float16") else 4
+        dtype_bytes = 2 if dtype(self.settings) in ("bfloat16", "float16") else 4
         # paged KV: a batch costs the sum of its sequences, not n × the longest
         return ModelProfile.from_hf_config(config, dtype_bytes, padded=False)
 
@@ -122,47 +122,9 @@ class VllmEngine:
                                             ahead=self.settings.render_ahead, init=one_torch_thread)
             return self._renders
 
-    def _dtype(self) -> str:
-        if self.settings.dtype != "auto":
-            return self.settings.dtype
-        import torch
-
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.LLM`` (without the GPU share, sized in ``_build``)."""
-        s = self.settings
-        args: dict[str, Any] = {
-            "model": str(self.model_dir),
-            "dtype": self._dtype(),
-            "max_model_len": s.max_model_len,
-            "max_num_seqs": s.max_num_seqs,
-            "max_num_batched_tokens": s.max_num_batched_tokens,
-            "enforce_eager": s.enforce_eager,
-            "limit_mm_per_prompt": {"image": 1},
-            # HunYuanVLImageProcessor's own resize bounds (``size``; min/max_pixels is deprecated)
-            "mm_processor_kwargs": {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}},
-            # every page is new: prefix caching and the processor cache only cost memory here
-            "enable_prefix_caching": False,
-            "mm_processor_cache_gb": 0,
-            # keeps the Prometheus gauges (KV usage, waiting, preemptions) that ``memory`` reads
-            "disable_log_stats": False,
-            "scheduling_policy": s.scheduling,
-            # vLLM's tokenizer is a pool of deep copies, renderer_num_workers + 1 of them; a thread
-            # that finds none free deep-copies the 120k-entry tokenizer (~0.25 s of GIL and 27 MB
-            # each). One per render thread; answers are decoded with the engine's own copy
-            "renderer_num_workers": render_threads(s),
-            "seed": 0,
-        }
-        import torch
-
-        graphs = compilation_config(s, torch.cuda.is_available())
-        if graphs and not compat.family().native_model:  # the graphs patch 0.26's native tower
-            log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", compat.family())
-        elif graphs:
-            args["compilation_config"] = graphs
-        args.update(dict(s.extra.get("vllm", {})))
-        return args
+        return llm_args(self.settings, self.model_dir)
 
     def _build(self) -> None:
         import torch

@@ -1,14 +1,16 @@
-"""vLLM options derived from ocrq's engine settings, the same for the in-process engine and a
-launched server: render threads and the compilation config."""
+"""vLLM options derived from ocrq's engine settings: render threads and the compilation config
+(the same for the in-process engine and a launched server), and the in-process ``vllm.LLM``'s
+keyword arguments."""
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 from ocrq.settings import EngineSettings
-from worker.engines.vllm import encoder_graphs
+from worker.engines.vllm import compat, encoder_graphs
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +33,50 @@ def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any
         log.warning("engine.vision_cuda_graphs is ignored: %s", why)
         return None
     return encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
+
+
+def dtype(settings: EngineSettings) -> str:
+    """The dtype vLLM runs in: ``engine.dtype``, or bf16 on CUDA and fp32 on a CPU."""
+    if settings.dtype != "auto":
+        return settings.dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def llm_args(settings: EngineSettings, model_dir: Path) -> dict[str, Any]:
+    """Keyword arguments for the in-process ``vllm.LLM`` (without the GPU share, sized when the
+    engine is built)."""
+    s = settings
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": dtype(s),
+        "max_model_len": s.max_model_len,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "enforce_eager": s.enforce_eager,
+        "limit_mm_per_prompt": {"image": 1},
+        # HunYuanVLImageProcessor's own resize bounds (``size``; min/max_pixels is deprecated)
+        "mm_processor_kwargs": {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}},
+        # every page is new: prefix caching and the processor cache only cost memory here
+        "enable_prefix_caching": False,
+        "mm_processor_cache_gb": 0,
+        # keeps the Prometheus gauges (KV usage, waiting, preemptions) that ``memory`` reads
+        "disable_log_stats": False,
+        "scheduling_policy": s.scheduling,
+        # vLLM's tokenizer is a pool of deep copies, renderer_num_workers + 1 of them; a thread
+        # that finds none free deep-copies the 120k-entry tokenizer (~0.25 s of GIL and 27 MB
+        # each). One per render thread; answers are decoded with the engine's own copy
+        "renderer_num_workers": render_threads(s),
+        "seed": 0,
+    }
+    import torch
+
+    graphs = compilation_config(s, torch.cuda.is_available())
+    if graphs and not compat.family().native_model:  # the graphs patch 0.26's native tower
+        log.warning("engine.vision_cuda_graphs is ignored: %s has no native model", compat.family())
+    elif graphs:
+        args["compilation_config"] = graphs
+    args.update(dict(s.extra.get("vllm", {})))
+    return args
+
