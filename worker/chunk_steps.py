@@ -1,8 +1,8 @@
 """The steps of one attempt at a chunk (``worker.tasks._process_chunk`` calls them in order), each
 returning what the next needs as a typed value:
 
-    fetch → Fetched → check_cache → CacheCheck → decode_misses → errors
-          → infer → Inferred → store → ChunkReport
+    fetch → Fetched → check_cache → CacheCheck → decode_misses → Decoded
+          → infer → Inferred → store → Stored
 
 An image that fails at a step is in that step's errors and goes no further; ``store`` settles it.
 """
@@ -46,10 +46,16 @@ class CacheCheck:
     hits: dict[str, list[OcrOutput]]
     #: the store requests this attempt made, for the job's cost
     reads: list[int]
+    #: units that hit (a key twice in the chunk counts twice)
+    n_hits: int
 
-    @property
-    def n_hits(self) -> int:
-        return sum(unit.cache_key in self.hits for _, _, unit in self.units)
+
+@dataclass
+class Decoded:
+    """Step 3: how many plain images missed the cache and were decoded, and those that failed."""
+
+    misses: int
+    errors: dict[str, OcrqError]
 
 
 @dataclass
@@ -91,12 +97,13 @@ def check_cache(ctx: WorkerContext, prepared: dict[str, Prepared]) -> CacheCheck
     to the engine."""
     units = [(item_id, n, unit) for item_id, p in prepared.items() for n, unit in enumerate(p.units)]
     reads: list[int] = []
-    check = CacheCheck(units, ctx.cache.get_many([unit.cache_key for _, _, unit in units], reads), reads)
-    ctx.metrics.observe_cache(check.n_hits, len(units) - check.n_hits)
-    return check
+    hits = ctx.cache.get_many([unit.cache_key for _, _, unit in units], reads)
+    n_hits = sum(unit.cache_key in hits for _, _, unit in units)
+    ctx.metrics.observe_cache(n_hits, len(units) - n_hits)
+    return CacheCheck(units, hits, reads, n_hits)
 
 
-def decode_misses(ctx: WorkerContext, prepared: dict[str, Prepared], cache: CacheCheck) -> dict[str, OcrqError]:
+def decode_misses(ctx: WorkerContext, prepared: dict[str, Prepared], cache: CacheCheck) -> Decoded:
     """Validate (decode) the plain images that missed, in the fetch pool and through the isolated
     decoder (worker.decoding.decode: a few batches per chunk); a bad image fails here, typed. A
     hit is never decoded: its bytes go now."""
@@ -104,8 +111,9 @@ def decode_misses(ctx: WorkerContext, prepared: dict[str, Prepared], cache: Cach
     for p in prepared.values():
         if p.data and p.units[0].cache_key in cache.hits:
             p.data = b""
-    return {p.item.id: classify(bad)
-            for p, bad in zip(misses, prep.decode_misses(ctx, misses), strict=True) if bad is not None}
+    return Decoded(len(misses), {p.item.id: classify(bad)
+                                 for p, bad in zip(misses, prep.decode_misses(ctx, misses), strict=True)
+                                 if bad is not None})
 
 
 def infer(ctx: WorkerContext, chunk: Chunk, prepared: dict[str, Prepared], cache: CacheCheck,

@@ -64,13 +64,17 @@ def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake:
     cache = steps.check_cache(ctx, fetched.prepared)
     log.info("→ cache %s hits=%d misses=%d", tag, cache.n_hits, len(cache.units) - cache.n_hits)
 
-    errors = fetched.errors | steps.decode_misses(ctx, fetched.prepared, cache)
+    t_decode = time.monotonic()
+    decoded = steps.decode_misses(ctx, fetched.prepared, cache)
+    errors = fetched.errors | decoded.errors
+    log.info("→ decode %s misses=%d bad=%d %.2fs", tag, decoded.misses, len(decoded.errors),
+             time.monotonic() - t_decode)
 
-    t1 = time.monotonic()
+    t_infer = time.monotonic()
     inferred = steps.infer(ctx, chunk, fetched.prepared, cache, errors, intake,
                            deadline=t0 + ctx.settings.queue.time_limit)
     log.info("→ infer %s units=%d shared=%d %.2fs", tag, inferred.units - len(inferred.shared), len(inferred.shared),
-             time.monotonic() - t1)
+             time.monotonic() - t_infer)
 
     stored = steps.store(ctx, chunk, worker, fetched.prepared, cache, inferred, errors | inferred.errors, t0)
     log.info("→ store %s docs=%d %s", tag, stored.documents, ctx.store.location)
