@@ -42,6 +42,7 @@ from typing import Any
 import redis
 
 from bench.overhead import ocrq_passes, render
+from bench.report import wrap
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.jobcost import job_cost
 from ocrq.settings import Settings
@@ -433,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
         plotted = plot(result, OUT / "scale.png")
-        (OUT / "scale.md").write_text(report(result, plotted))
+        # between bench/report.py's markers, so `python -m bench report --check` sees it match scale.json
+        (OUT / "scale.md").write_text(wrap("scale", "scale.json", report(result, plotted)))
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary), flush=True)
     return 0
