@@ -332,10 +332,11 @@ def report(r: dict[str, Any], plotted: bool) -> str:
     return f"""# Redis over the life of a large job
 
 Measured {run_['date']} on commit `{run_['commit']}`, a {run_['cpus']}-core host, with
-`{run_['command']}` (`python -m bench scale`, `make bench-scale`): one job of {r['images']:,} distinct small PNGs through one
-`ocrq worker` (simulated engine, no latency), the local store, the broker's Redis and a cache-only
-Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are `used_memory` over the broker's
-baseline (the worker started, nothing submitted); the job is followed to its export and archive.
+`{run_['command']}` (`python -m bench scale`, `make bench-scale`): one job of {r['images']:,} distinct
+small PNGs through one `ocrq worker` (simulated engine, no latency), the local store, the broker's
+Redis and a cache-only Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are
+`used_memory` over the broker's baseline (the worker started, nothing submitted); the job is
+followed to its export and archive.
 
 {table(r)}
 
