@@ -18,6 +18,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "bench", ROOT / "docs")
 BLOCK = re.compile(r"(<!-- bench:report (?P<name>[\w-]+) (?P<source>\S+) -->\n)(?P<body>.*?)(<!-- /bench:report -->)",
                    re.DOTALL)
+
+
+def _half_up(v: float, places: int) -> str:
+    """Rounded as written by hand (2.485 -> 2.49), not as the float's binary value rounds (2.48)."""
+    return str(Decimal(str(v)).quantize(Decimal(1).scaleb(-places), ROUND_HALF_UP))
 
 
 def _cell(v: Any) -> str:
@@ -82,6 +88,24 @@ def gpu_governor_batches(doc: dict[str, Any]) -> str:
     ])
 
 
+def gpu_governor_decode(doc: dict[str, Any]) -> str:
+    """docs/bench/gpu-governor.md's decode step times, beside the step before the lean one; the
+    largest batch's graph step in bold (the target is set at batch 64)."""
+    rows = doc["decode_step_ms"]["rows"]
+    before = {r["batch"]: r for r in doc["earlier_run_before_lean_decode_step"]["decode_step_ms"]["rows"]}
+    last = rows[-1]["batch"]
+    lines = ["| batch | HF `generate` | engine `hf` mode (HF forward per step) | engine `graph` mode "
+             "| `graph` before the lean step |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        hf_generate = f"{_half_up(r['hf_generate_ms'], 1)} ms" if "hf_generate_ms" in r else "–"
+        graph = f"{_half_up(r['engine_graph_ms'], 2)} ms"
+        lines.append(f"| {r['batch']} | {hf_generate} | {_half_up(r['engine_hf_ms'], 1)} ms | "
+                     f"{f'**{graph}**' if r['batch'] == last else graph} | "
+                     f"{_half_up(before[r['batch']]['engine_graph_ms'], 2)} ms |")
+    return "\n".join(lines)
+
+
 def gpu_worker(doc: dict[str, Any]) -> str:
     """docs/bench/gpu-worker.md's first table: the cold and the warm job through a real worker."""
     best = max(j["img_per_s"] for j in doc["jobs"])
@@ -135,6 +159,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "gpu-vllm": gpu_vllm,
     "gpu-governor-runs": gpu_governor_runs,
     "gpu-governor-batches": gpu_governor_batches,
+    "gpu-governor-decode": gpu_governor_decode,
     "gpu-worker": gpu_worker,
     "gpu-multi": gpu_multi,
 }
