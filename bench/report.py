@@ -4,7 +4,8 @@ A generated part of a document sits between two markers; the rest of the documen
 stays as written::
 
     <!-- bench:report NAME SOURCE -->
-    ...what RENDERERS[NAME] makes of SOURCE (a JSON file, relative to the document)...
+    ...what RENDERERS[NAME] makes of SOURCE (a JSON file, relative to the document; for
+    FOLDER_RENDERERS, a folder of a run's raw rows)...
     <!-- /bench:report -->
 
 ``--check`` writes nothing and exits 1 when a document differs from what it would write (a
@@ -149,6 +150,15 @@ def gpu_multi(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def gpu_vllm_rows(folder: Path) -> str:
+    """An older run's table in docs/bench/gpu-vllm.md, from its raw rows (runs/<date>-<commit>/)."""
+    from bench.gpu_vllm_report import KEYS, rows
+
+    if not folder.is_dir():
+        raise FileNotFoundError(folder)
+    return gpu_vllm({"runs": [{k: r.get(k) for k in KEYS} for r in rows([folder], folder / "gpu_worker.json")]})
+
+
 def _scale(doc: dict[str, Any], source: Path) -> str:
     from bench.scale import report
 
@@ -165,7 +175,13 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 }
 
 
+#: renderers of a folder of a run's raw rows (SOURCE ends with /)
+FOLDER_RENDERERS: dict[str, Callable[[Path], str]] = {"gpu-vllm-rows": gpu_vllm_rows}
+
+
 def render(name: str, source: Path) -> str:
+    if name in FOLDER_RENDERERS:
+        return FOLDER_RENDERERS[name](source)
     doc = json.loads(source.read_text())
     if name == "scale":  # the whole page is bench.scale's (it also writes it after a run)
         return _scale(doc, source)
@@ -174,8 +190,11 @@ def render(name: str, source: Path) -> str:
     return RENDERERS[name](doc)
 
 
-def rebuild(text: str, doc_dir: Path) -> str:
+def rebuild(text: str, doc_dir: Path, only: str | None = None) -> str:
+    """text with its generated parts rebuilt (only: those of that renderer)."""
     def one(m: re.Match[str]) -> str:
+        if only is not None and m.group("name") != only:
+            return m.group(0)
         return m.group(1) + render(m.group("name"), doc_dir / m.group("source")) + "\n" + m.group(5)
 
     return BLOCK.sub(one, text)

@@ -72,13 +72,16 @@ def test_report_check_passes_on_the_committed_docs() -> None:
     assert report.main(["--check"]) == 0
 
 
-def test_report_check_fails_on_an_edited_figure(tmp_path: Path) -> None:
+def test_report_restores_an_edited_figure() -> None:
     doc = ROOT / "docs" / "bench" / "gpu-vllm.md"
     text = doc.read_text()
     edited = text.replace("| `ocrq-vllm` | 24 | 65536 | 16.52 |", "| `ocrq-vllm` | 24 | 65536 | 17.52 |")
-    assert edited != text
-    (tmp_path / "gpu-vllm.json").write_text((doc.parent / "gpu-vllm.json").read_text())
-    assert report.rebuild(edited, tmp_path) == text
+    edited = edited.replace("| `ocrq-vllm` | 24 | 65536 | 13.56 |", "| `ocrq-vllm` | 24 | 65536 | 3.56 |")
+    assert edited.count("17.52") == text.count("17.52") + 1 and "| 3.56 |" in edited
+    assert report.rebuild(edited, doc.parent) == text
+    # a missing run folder is an error, not an empty table
+    with pytest.raises(FileNotFoundError):
+        report.render("gpu-vllm-rows", doc.parent / "runs" / "no-such-run")
 
 
 def test_help_lists_the_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
