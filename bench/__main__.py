@@ -81,6 +81,8 @@ def run(s: Scenario, run_dir: Path, cmd: list[str], argv: list[str], bare: bool)
         except KeyboardInterrupt:
             proc.terminate()
             code = proc.wait()
+    # read again: a GPU step installs its packages (bench/gpu_setup.sh) during the run
+    info["versions"] = manifest.versions(manifest.GPU_SITES if s.gpu else ())
     manifest.write(run_dir, info, exit_code=code, wall_s=time.monotonic() - t0)
     print(f"[bench] {s.name}: exit {code}, {run_dir}", file=sys.stderr)
     return code
