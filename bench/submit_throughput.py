@@ -66,7 +66,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(
             "# Submission throughput\n\n"
-            f"`python -m bench.submit_throughput --refs {args.refs}` on {platform.node()} "
+            f"`python -m bench submit --refs {args.refs}` on {platform.node()} "
             f"({platform.processor() or platform.machine()}, 2 cores), {time.strftime('%Y-%m-%d')}. "
             "Producer → real redis-server (loopback), no worker. Each submit first plans the intake "
             "(expands the refs, stats each local file, spools the accepted ones to disk: ocrq/intake.py), "
