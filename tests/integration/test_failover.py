@@ -10,7 +10,8 @@
 - redis-py's own Sentinel connection, as kombu and Celery use it, keeps writing to the demoted
   master's address after a retry: what ``FollowingConnection`` fixes;
 - `ocrq flower` and `ocrq metrics` on the Sentinel URL show the worker and the queue depth, before
-  and after a master is killed.
+  and after a master is killed;
+- `ocrq up --ha` from a fresh directory, a master killed by its pid, `submit --wait` before and after.
 
 test_failover_tls.py runs a failover with TLS to the Sentinels and the servers.
 """
@@ -363,3 +364,89 @@ def test_flower_and_metrics_on_a_sentinel_url_show_the_worker_and_the_queue_dept
                 os.killpg(proc.pid, 15)
             proc.wait(15)
         print(logs())
+
+
+def _ha_ports() -> list[int]:
+    """Three free Sentinel ports whose server ports (20000 below: `ocrq up --ha`'s layout) are free."""
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = free_port()
+        if port <= 21024 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port - 20000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def test_a_new_user_s_ocrq_up_ha_follows_a_master_killed_by_hand(tmp_path):
+    """`ocrq up --ha` from a fresh directory, `ocrq submit --wait`, `kill -9` of the master's pid
+    from var/run, a second `submit --wait`, `ocrq up --ha` again (the killed server back as a
+    replica), `ocrq down`: the commands a person runs, each a process of its own."""
+    if not _redis_binary():
+        _need("redis-server")
+    home = tmp_path / "newuser"
+    word_images(home / "in1", 6)
+    word_images(home / "in2", 6, seed=1)
+    url = "sentinel://127.0.0.1:" + ";sentinel://127.0.0.1:".join(map(str, _ha_ports()))
+    env = {k: v for k, v in os.environ.items() if k not in ("OCRQ_CONFIG", "OCRQ_LIMITS__ALLOWED_ROOTS")}
+    env.update({"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(home / "var"), "OCRQ_ENGINE__KIND": "simulated",
+                "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:new-user",
+                "OCRQ_METRICS_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"})
+    run_dir = home / "var" / "run"
+
+    def ocrq(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ocrq_cli", *args], cwd=home, env=env, text=True,
+                              capture_output=True, timeout=timeout)
+
+    def logs() -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+                         for p in sorted((home / "var" / "log").glob("*.log")))
+
+    rs = RedisSettings(url=url)
+    try:
+        up = ocrq("up", "--ha", "--wait", "120")
+        assert up.returncode == 0, up.stdout + up.stderr + logs()
+        first = ocrq("submit", "in1", "--job", "first", "--wait", "--timeout", "90", timeout=120)
+        assert first.returncode == 0, first.stdout + first.stderr + logs()
+
+        # When the person kills the master's redis-server by its pid file
+        host, port = redis_conn.master_address(rs) or ("", 0)
+        index = [int(p) - 20000 for p in url.replace("sentinel://127.0.0.1:", "").split(";")].index(port)
+        pid = int((run_dir / f"redis-{index}.pid").read_text())
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 60
+        while True:
+            try:  # while the master is down the Sentinels name none: MasterNotFoundError
+                if (redis_conn.master_address(rs) or (host, port))[1] != port:
+                    break
+            except redis.RedisError:
+                pass
+            assert time.monotonic() < deadline, "no promotion after 60 s\n" + logs()
+            time.sleep(0.2)
+
+        # Then a second submit --wait completes on the new master
+        second = ocrq("submit", "in2", "--job", "second", "--wait", "--timeout", "90", timeout=120)
+        assert second.returncode == 0, second.stdout + second.stderr + logs()
+        # and `ocrq up --ha` again starts the killed server, as a replica of the new master
+        again = ocrq("up", "--ha", "--wait", "120")
+        assert again.returncode == 0 and f"started again: redis-{index}" in again.stdout + again.stderr, \
+            again.stdout + again.stderr
+        back = redis.Redis(port=port, socket_timeout=2)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if back.info("replication")["role"] == "slave":
+                    break
+            except redis.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, logs()
+            time.sleep(0.2)
+    finally:
+        down = ocrq("down", timeout=120)
+        print(down.stdout + down.stderr)
+    assert down.returncode == 0 and "sentinel-0 stopped" in down.stdout + down.stderr, down.stdout + down.stderr
+    assert not list(run_dir.glob("*.pid")), list(run_dir.glob("*.pid"))
