@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from ocrq.redis_conn import celery_options
+from ocrq.redis_conn import celery_options, celery_tls
 from ocrq.settings import Settings
 from ocrq.transport_aliases import install as install_transport
 
@@ -55,4 +55,7 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
         # chunk results are tiny summaries; the real results are in the job index and the store
         result_expires=24 * 3600,
     )
+    tls = celery_tls(settings.redis)
+    if tls:  # Sentinel with TLS: the master's connection too, for the broker and the results
+        app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=dict(tls))
     return app

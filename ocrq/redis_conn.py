@@ -226,6 +226,16 @@ def celery_options(settings: RedisSettings) -> dict[str, Any]:
     return opts
 
 
+def celery_tls(settings: RedisSettings) -> dict[str, Any] | None:
+    """Celery's ``broker_use_ssl`` and ``redis_backend_use_ssl`` for a Sentinel URL with
+    ``sentinel_tls`` (None otherwise): TLS to the master the Sentinels name. The Sentinels'
+    ``sentinel_kwargs`` reach only the Sentinels; without this kombu and Celery's result backend
+    opened the master's connection in plain text and a TLS-only server reset it."""
+    if not is_sentinel(settings.url) or not settings.sentinel_tls:
+        return None
+    return {k: v for k, v in _tls_kwargs(settings).items() if k != "ssl"}
+
+
 def redacted(url: str) -> str:
     """``url`` without its passwords (for messages and logs)."""
     out = []

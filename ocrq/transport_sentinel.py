@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from kombu.transport import redis as kredis
 
 from ocrq import redis_conn
@@ -31,9 +32,11 @@ class Channel(base.Channel, kredis.SentinelChannel):
 
     def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
         pool = super()._sentinel_managed_pool(asynchronous)
-        # kombu's pool uses redis-py's SentinelManagedConnection: use the following kind
+        # kombu's pool uses redis-py's SentinelManagedConnection: use the following kind. TLS
+        # (``broker_use_ssl``) shows as an SSLConnection subclass: kombu's own
+        # SentinelManagedSSLConnection, or ours (which is not a subclass of kombu's)
         pool.connection_class = (redis_conn.FollowingSSLConnection
-                                 if issubclass(pool.connection_class, kredis.SentinelManagedSSLConnection)
+                                 if issubclass(pool.connection_class, redis.SSLConnection)
                                  else redis_conn.FollowingConnection)
         # no retry inside redis-py: a connection error goes to kombu, which reconnects the channel
         # (and asks Sentinel again). redis-py's retry reconnects a PUBSUB connection in place and

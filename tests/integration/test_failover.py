@@ -8,19 +8,28 @@
 - after either, a second job is consumed (workers that stopped consuming after a reconnect:
   celery#8030);
 - redis-py's own Sentinel connection, as kombu and Celery use it, keeps writing to the demoted
-  master's address after a retry: what ``FollowingConnection`` fixes.
+  master's address after a retry: what ``FollowingConnection`` fixes;
+- `ocrq flower` and `ocrq metrics` on the Sentinel URL show the worker and the queue depth, before
+  and after a master is killed;
+- `ocrq up --ha` from a fresh directory, a master killed by its pid, `submit --wait` before and after.
+
+test_failover_tls.py runs a failover with TLS to the Sentinels and the servers.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
+from base64 import b64encode
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import pytest
 import redis
@@ -246,3 +255,198 @@ def test_a_submission_the_replicas_did_not_confirm_exits_5_and_the_same_command_
         assert client.index.counts("acked")["total"] == 1 and client.index.counts("acked-batch")["total"] == 1
     finally:
         client.close()
+
+
+def _http(url: str, auth: str | None = None) -> Any:
+    """The body of a GET (JSON when it parses); None while nothing answers."""
+    req = Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + b64encode(auth.encode()).decode())
+    try:
+        with urlopen(req, timeout=10) as resp:
+            body = resp.read().decode()
+    except HTTPError:
+        raise
+    except OSError:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body
+
+
+def _until(what: Callable[[], Any], ok: Callable[[Any], bool], timeout: float, alive: Callable[[], bool],
+           why: Callable[[], str]) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got is not None and ok(got):
+            return got
+        assert alive() and time.monotonic() < deadline, f"last: {str(got)[:2000]}\n{why()}"
+        time.sleep(0.3)
+
+
+def _depth(metrics: str) -> float | None:
+    """``ocrq_queue_depth{queue="ocrq"}`` in a Prometheus text page."""
+    for line in metrics.splitlines():
+        if line.startswith('ocrq_queue_depth{queue="ocrq"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_flower_and_metrics_on_a_sentinel_url_show_the_worker_and_the_queue_depth(ha, ha_workers, tmp_path):
+    # Given `ocrq flower` (behind basic auth) and `ocrq metrics` on the Sentinel URL
+    auth = "ops:failover-flower-secret"
+    flower_port, metrics_port = free_port(), free_port()
+    env = worker_env(ha.url, tmp_path / "store", [tmp_path], OCRQ_FLOWER_PORT=str(flower_port),
+                     OCRQ_FLOWER_BASIC_AUTH=auth, OCRQ_VAR_DIR=str(tmp_path / "var"))
+    flower_log, metrics_log = tmp_path / "flower.log", tmp_path / "metrics.log"
+    flower = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "flower", "--address", "127.0.0.1"], env=env,
+                              stdout=flower_log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    exporter = subprocess.Popen([sys.executable, "-m", "ocrq_cli", "metrics", "--port", str(metrics_port)],
+                                env=env, stdout=metrics_log.open("wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    base = f"http://127.0.0.1:{flower_port}"
+
+    def logs() -> str:
+        return (f"--- flower.log\n{flower_log.read_text(errors='replace')[-3000:]}\n"
+                f"--- metrics.log\n{metrics_log.read_text(errors='replace')[-3000:]}")
+
+    def alive() -> bool:
+        return flower.poll() is None and exporter.poll() is None
+
+    def depths() -> tuple[int | None, float | None] | None:
+        lengths = _http(base + "/api/queues/length", auth)
+        page = _http(f"http://127.0.0.1:{metrics_port}/metrics")
+        if not isinstance(lengths, dict) or not isinstance(page, str):
+            return None
+        flower_depth = {q["name"]: q["messages"] for q in lengths.get("active_queues", [])}.get("ocrq")
+        return flower_depth, _depth(page)
+
+    try:
+        _until(lambda: _http(base + "/healthcheck"), lambda body: body == "OK", 60, alive, logs)
+        # Anonymous requests are refused
+        with pytest.raises(HTTPError) as refused:
+            _http(base + "/api/queues/length")
+        assert refused.value.code == 401
+        # When a job of 3 chunks waits, no worker yet
+        word_images(tmp_path / "in", 6)
+        client = _client(ha, tmp_path)
+        job = client.submit([str(tmp_path / "in")], job="watched", priority=5)  # 4 + 2 refs: 2 chunks
+        # Then both show its 2 messages (Flower sums the priority levels)
+        _until(depths, lambda d: d == (2, 2.0), 30, alive, logs)
+
+        # When the first Sentinel of the URL dies, then the master (SIGKILL) and a replica is
+        # promoted by the other two
+        ha.procs["sentinel-0"].kill()
+        ha.procs["sentinel-0"].wait(10)
+        old = ha.master_port()
+        assert old is not None
+        ha.kill(ha.data_ports.index(old))
+        ha.wait_failover(old)
+        ha.restart(ha.data_ports.index(old))
+        # Then both read the same depth from the new master, through the Sentinels left (Flower
+        # asked only the first one: ocrq.celery_app)
+        _until(depths, lambda d: d == (2, 2.0), 30, alive, logs)
+
+        # When a worker drains the queue
+        ha_workers("watch")
+        counts = job.wait(timeout=120)
+        assert counts["done"] == 6, counts
+        # Then Flower lists the worker online, and both show the queue empty
+        workers = _until(lambda: _http(base + "/api/workers?refresh=1", auth),
+                         lambda w: isinstance(w, dict) and any(n.startswith("watch@") for n in w), 60, alive, logs)
+        assert any(n.startswith("watch@") for n in workers), workers
+        _until(depths, lambda d: d == (0, 0.0), 30, alive, logs)
+    finally:
+        for proc in (flower, exporter):
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+            proc.wait(15)
+        print(logs())
+
+
+def _ha_ports() -> list[int]:
+    """Three free Sentinel ports whose server ports (20000 below: `ocrq up --ha`'s layout) are free."""
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = free_port()
+        if port <= 21024 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port - 20000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def test_a_new_user_s_ocrq_up_ha_follows_a_master_killed_by_hand(tmp_path):
+    """`ocrq up --ha` from a fresh directory, `ocrq submit --wait`, `kill -9` of the master's pid
+    from var/run, a second `submit --wait`, `ocrq up --ha` again (the killed server back as a
+    replica), `ocrq down`: the commands a person runs, each a process of its own."""
+    if not _redis_binary():
+        _need("redis-server")
+    home = tmp_path / "newuser"
+    word_images(home / "in1", 6)
+    word_images(home / "in2", 6, seed=1)
+    url = "sentinel://127.0.0.1:" + ";sentinel://127.0.0.1:".join(map(str, _ha_ports()))
+    env = {k: v for k, v in os.environ.items() if k not in ("OCRQ_CONFIG", "OCRQ_LIMITS__ALLOWED_ROOTS")}
+    env.update({"OCRQ_REDIS__URL": url, "OCRQ_VAR_DIR": str(home / "var"), "OCRQ_ENGINE__KIND": "simulated",
+                "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:new-user",
+                "OCRQ_METRICS_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"})
+    run_dir = home / "var" / "run"
+
+    def ocrq(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ocrq_cli", *args], cwd=home, env=env, text=True,
+                              capture_output=True, timeout=timeout)
+
+    def logs() -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+                         for p in sorted((home / "var" / "log").glob("*.log")))
+
+    rs = RedisSettings(url=url)
+    try:
+        up = ocrq("up", "--ha", "--wait", "120")
+        assert up.returncode == 0, up.stdout + up.stderr + logs()
+        first = ocrq("submit", "in1", "--job", "first", "--wait", "--timeout", "90", timeout=120)
+        assert first.returncode == 0, first.stdout + first.stderr + logs()
+
+        # When the person kills the master's redis-server by its pid file
+        host, port = redis_conn.master_address(rs) or ("", 0)
+        index = [int(p) - 20000 for p in url.replace("sentinel://127.0.0.1:", "").split(";")].index(port)
+        pid = int((run_dir / f"redis-{index}.pid").read_text())
+        os.kill(pid, 9)
+        deadline = time.monotonic() + 60
+        while True:
+            try:  # while the master is down the Sentinels name none: MasterNotFoundError
+                if (redis_conn.master_address(rs) or (host, port))[1] != port:
+                    break
+            except redis.RedisError:
+                pass
+            assert time.monotonic() < deadline, "no promotion after 60 s\n" + logs()
+            time.sleep(0.2)
+
+        # Then a second submit --wait completes on the new master
+        second = ocrq("submit", "in2", "--job", "second", "--wait", "--timeout", "90", timeout=120)
+        assert second.returncode == 0, second.stdout + second.stderr + logs()
+        # and `ocrq up --ha` again starts the killed server, as a replica of the new master
+        again = ocrq("up", "--ha", "--wait", "120")
+        assert again.returncode == 0 and f"started again: redis-{index}" in again.stdout + again.stderr, \
+            again.stdout + again.stderr
+        back = redis.Redis(port=port, socket_timeout=2)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if back.info("replication")["role"] == "slave":
+                    break
+            except redis.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, logs()
+            time.sleep(0.2)
+    finally:
+        down = ocrq("down", timeout=120)
+        print(down.stdout + down.stderr)
+    assert down.returncode == 0 and "sentinel-0 stopped" in down.stdout + down.stderr, down.stdout + down.stderr
+    assert not list(run_dir.glob("*.pid")), list(run_dir.glob("*.pid"))

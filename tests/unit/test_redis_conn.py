@@ -37,6 +37,22 @@ def test_celery_gets_the_master_name_and_the_sentinels_password_and_tls_only_on_
     assert opts["sentinel_kwargs"]["ssl"] is True and opts["sentinel_kwargs"]["ssl_ca_certs"] == str(ca)
 
 
+def test_with_sentinel_tls_celery_reaches_the_master_over_tls_too(tmp_path):
+    import ssl
+
+    from ocrq.queue import make_celery
+    from ocrq.settings import Settings
+
+    ca = tmp_path / "ca.pem"
+    assert redis_conn.celery_tls(RedisSettings()) is None
+    assert redis_conn.celery_tls(RedisSettings(url=URL)) is None
+    tls = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(ca)}
+    assert redis_conn.celery_tls(RedisSettings(url=URL, sentinel_tls=True, sentinel_tls_ca=ca)) == tls
+    app = make_celery(Settings(redis={"url": URL, "sentinel_tls": True, "sentinel_tls_ca": ca}))
+    assert app.conf.broker_use_ssl == tls and app.conf.redis_backend_use_ssl == tls
+    assert not make_celery(Settings(redis={"url": URL})).conf.broker_use_ssl
+
+
 def test_passwords_are_redacted_in_every_part():
     shown = redis_conn.redacted("sentinel://:pw1@a:26379/0;sentinel://:pw2@b:26379/0")
     assert "pw1" not in shown and "pw2" not in shown and shown.count(":***@") == 2
