@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import header
 from ocrq.results import ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
 
 SIZES = {"100 KB": 100 * 1024, "1 MB": 1024 * 1024, "5 MB": 5 * 1024 * 1024}
@@ -141,6 +142,8 @@ def main() -> None:
            f"{os.cpu_count()} CPUs (shared with other jobs), OpenSSL sha256; "
            f"blake3: {blake3_version or 'not installed'}; msgpack: {msgpack_version or 'not installed'}")
     report = "\n\n".join([
+        header(f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other jobs)",
+               "python -m bench hashing").rstrip("\n"),
         "### Content hash (one thread, best of N)", table(head, hashes),
         "### For scale: decoding the same kind of payload (worker.decoding.images.decode, one thread)",
         table(["payload", "decode ms", "sha256 ms"], [decode_row(args.budget)]),

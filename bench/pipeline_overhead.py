@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from bench.provenance import header
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.settings import EngineSettings, Settings
 from producer.client import Client
@@ -98,8 +98,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(
             "# Pipeline overhead (CPU, RapidOCR)\n\n"
-            f"`python -m bench pipeline --images {n}` on {platform.node()} (2 cores), "
-            f"{time.strftime('%Y-%m-%d')}: {n} distinct rendered 1000×400 pages, no cache hits "
+            "What the queue adds over calling the engine directly, on CPU.\n\n"
+            + header(f"{os.cpu_count()}-core VM", f"python -m bench pipeline --images {n}") + "\n"
+            f"{n} distinct rendered 1000×400 pages, no cache hits "
             "(fresh Redis and store). The direct row is the engine alone in this process; the ocrq row "
             "times from `submit` to every result read back, with a real redis-server and one "
             "`ocrq worker` process (threads pool, 2 chunk threads, one engine loop) started beforehand.\n\n"

@@ -20,6 +20,7 @@ from pathlib import Path
 from PIL import Image, ImageOps
 
 from bench.cer import bag_error, cer, normalise, normalise_loose
+from bench.provenance import header
 from ocrq.results import OcrOutput
 from ocrq.settings import EngineSettings, LimitSettings
 from worker.engines.base import OcrRequest
@@ -63,17 +64,19 @@ def write_report(scores: list[Score], engine: RapidOcrEngine) -> None:
     lines = [
         "# OCR quality: RapidOCR on the research corpus",
         "",
-        "Written by `python -m bench quality` (run it to refresh; the test checks thresholds). Images:",
+        "How closely RapidOCR's text matches the corpus's ground truth, image by image.",
+        "",
+        header(f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}",
+               "python -m bench quality", date=dt.date.today().isoformat()).rstrip("\n"),
+        "",
+        "Written by the command in the table (run it to refresh; the test checks thresholds). Images:",
         "the English images of `shared/corpus/docs` that have ground truth (its README lists the",
         "sources; research-only licence, so the images are read in place, never copied here),",
         "decoded like the worker does (EXIF transpose, RGB, downscaled to"
         f" {LimitSettings().max_pixels:,} pixels).",
         "",
-        f"- date: {dt.date.today().isoformat()}",
         f"- engine: `{engine.name}`, revision `{engine.revision}`",
         f"- params: `{engine.params}`",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPU cores, Python"
-        f" {platform.python_version()}",
         "",
         "Scores (all are edit or multiset distances divided by the reference length; lower is",
         "better):",

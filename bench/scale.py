@@ -331,8 +331,13 @@ def report(r: dict[str, Any], plotted: bool) -> str:
     left = "\n".join(f"| `{fam}` | {v['keys']:,} | {v['bytes']:,} |" for fam, v in r["after_keys"].items())
     return f"""# Redis over the life of a large job
 
-Measured {run_['date']} on commit `{run_['commit']}`, a {run_['cpus']}-core host, with
-`{run_['command']}` (`python -m bench scale`, `make bench-scale`): one job of {r['images']:,} distinct
+What a job of {r['images']:,} images costs the broker's Redis, and what it leaves behind.
+
+| measured | code | machine | reproduce |
+|---|---|---|---|
+| {run_['date']} | commit `{run_['commit']}` | {run_['cpus']}-core host | `{run_['command']}` |
+
+`{run_['command']}` is `python -m bench scale` (`make bench-scale`): one job of {r['images']:,} distinct
 small PNGs through one `ocrq worker` (simulated engine, no latency), the local store, the broker's
 Redis and a cache-only Redis (`redis.cache_url`) as docker-compose.yml runs them. Bytes are
 `used_memory` over the broker's baseline (the worker started, nothing submitted); the job is

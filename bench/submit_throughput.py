@@ -10,6 +10,7 @@ including the intake plan: a stat per local file and the on-disk spool of accept
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import tempfile
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import redis
 
+from bench.provenance import header
 from bench.services import start_redis
 from ocrq.settings import Settings
 from producer.client import Client
@@ -66,8 +68,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(
             "# Submission throughput\n\n"
-            f"`python -m bench submit --refs {args.refs}` on {platform.node()} "
-            f"({platform.processor() or platform.machine()}, 2 cores), {time.strftime('%Y-%m-%d')}. "
+            "How fast a producer records and publishes a job, by refs per message.\n\n"
+            + header(f"{os.cpu_count()}-core {platform.processor() or platform.machine()} VM",
+                     f"python -m bench submit --refs {args.refs}") + "\n"
             "Producer → real redis-server (loopback), no worker. Each submit first plans the intake "
             "(expands the refs, stats each local file, spools the accepted ones to disk: ocrq/intake.py), "
             "then records every image as `queued` in the job index (Lua, 500 per call) and publishes "
