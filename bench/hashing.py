@@ -1,6 +1,6 @@
 """Content hashing (sha256 vs BLAKE3) and result serialisation (JSON vs msgpack) costs.
 
-    .venv/bin/python bench/hashing.py [--out docs/bench/hashing.md] [--budget 0.3]
+    .venv/bin/python -m bench.hashing [--out docs/bench/hashing.md] [--budget 0.3]
 
 ``--out`` rewrites only the part of the file between the ``measured`` markers.
 
