@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -76,7 +76,7 @@ class RedisSettings(BaseModel):
 
 class StoreSettings(BaseModel):
     kind: Literal["local", "s3"] = "local"
-    #: local store root (embedded default)
+    #: local store root (embedded default); unset: ``{var_dir}/store``
     path: Path = Path("var/store")
     bucket: str = "ocrq"
     #: every object ocrq writes lives under this prefix (see ocrq.keys)
@@ -299,6 +299,13 @@ class Settings(BaseSettings):
     metrics_addr: str = "0.0.0.0"
     #: price of one GPU-hour in dollars: `ocrq status JOB` turns engine seconds into cost
     gpu_hour_usd: float = 2.50
+
+    @model_validator(mode="after")
+    def _store_under_var_dir(self) -> Settings:
+        # the local store lives with the rest of the stack's files unless a path was given
+        if "path" not in self.store.model_fields_set:
+            self.store.path = self.var_dir / "store"
+        return self
 
     @classmethod
     def settings_customise_sources(

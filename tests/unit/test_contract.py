@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,11 @@ def test_message_and_result_schema():
     line = res.to_line()
     assert {"ref", "status", "text", "cached", "attempts", "error"} <= set(line)
     assert line["text"] == "hi" and line["status"] == "done" and line["error"] is None
+
+
+def test_the_local_store_follows_var_dir_unless_its_path_is_given(monkeypatch):
+    monkeypatch.delenv("OCRQ_STORE__PATH", raising=False)
+    monkeypatch.setenv("OCRQ_VAR_DIR", "/srv/ocrq")
+    assert load_settings().store.path == Path("/srv/ocrq/store")
+    monkeypatch.setenv("OCRQ_STORE__PATH", "/data/results")
+    assert load_settings().store.path == Path("/data/results")
