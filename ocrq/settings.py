@@ -302,9 +302,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _store_under_var_dir(self) -> Settings:
-        # the local store lives with the rest of the stack's files unless a path was given
+        # the local store lives with the rest of the stack's files unless a path was given; still
+        # "not given" afterwards, so a producer can take the live workers' path instead
         if "path" not in self.store.model_fields_set:
             self.store.path = self.var_dir / "store"
+            self.store.model_fields_set.discard("path")
         return self
 
     @classmethod

@@ -135,3 +135,5 @@ def test_the_local_store_follows_var_dir_unless_its_path_is_given(monkeypatch):
     assert load_settings().store.path == Path("/srv/ocrq/store")
     monkeypatch.setenv("OCRQ_STORE__PATH", "/data/results")
     assert load_settings().store.path == Path("/data/results")
+    monkeypatch.delenv("OCRQ_STORE__PATH")
+    assert "path" not in load_settings().store.model_fields_set  # a producer may still ask the workers
