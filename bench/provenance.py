@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import manifest
 
 
 def commit() -> str:
-    """The short hash of the checked-out commit (``git rev-parse --short HEAD``), or ``unknown``."""
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True, check=False)
-    return out.stdout.strip() or "unknown"
+    """The short hash of the code measured (the manifest's: HEAD, or ``OCRQ_COMMIT`` in a copy
+    without .git), or ``unknown``."""
+    return (manifest.commit()["commit"] or "unknown")[:7]
 
 
 def header(machine: str, command: str, *, date: str | None = None, code: str | None = None) -> str:

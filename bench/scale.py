@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from typing import Any
 
 import redis
 
+from bench import provenance
 from bench.overhead import ocrq_passes, render
 from bench.report import wrap
 from bench.services import free_port, start_redis, start_worker, stop
@@ -427,9 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "host_cpu": ref_cpu}
         if args.s3_images:
             result["s3"] = s3_requests(min(args.s3_images, args.images), root, root / "images")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    result["run"] = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "host": platform.node(),
+    result["run"] = {"date": time.strftime("%Y-%m-%d"), "commit": provenance.commit(), "host": platform.node(),
                      "cpus": os.cpu_count(), "command": f"python -m bench.scale --images {args.images}"}
     print(table(result))
     print("left in the broker's Redis:", json.dumps(result["after_keys"]))
