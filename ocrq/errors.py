@@ -77,6 +77,12 @@ class StorageUnavailable(Retryable):
     pass
 
 
+class NameTaken(StorageUnavailable):
+    """A document written as new (``ResultStore.put_many``'s ``new``) found its path taken: a
+    result part whose number Redis handed out twice, having lost its counter to a failover or a
+    crash. The writer takes the next number; escaping that, the chunk is retried."""
+
+
 class RefusedRef(Permanent):
     pass
 

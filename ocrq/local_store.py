@@ -7,12 +7,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ocrq.docbytes import dumps_doc
-from ocrq.errors import StorageUnavailable
+from ocrq.errors import NameTaken, StorageUnavailable
 
 
 class LocalStore:
@@ -24,6 +24,9 @@ class LocalStore:
         return self.root / path
 
     def put_json(self, path: str, doc: Any) -> None:
+        self._put(path, doc)
+
+    def _put(self, path: str, doc: Any, new: bool = False) -> None:
         target = self._path(path)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -31,13 +34,21 @@ class LocalStore:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as fh:
                 fh.write(dumps_doc(doc))
-            os.replace(tmp, target)
+            if not new:
+                os.replace(tmp, target)
+                return
+            try:  # a link fails where the name exists: created, never replaced
+                os.link(tmp, target)
+            except FileExistsError:
+                raise NameTaken(f"{target} exists") from None
+            finally:
+                os.unlink(tmp)
         except OSError as exc:
             raise StorageUnavailable(f"local store write {target}: {exc}") from exc
 
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
+    def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
         for path, doc in items:
-            self.put_json(path, doc)
+            self._put(path, doc, new=path in new)
 
     def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
         return {p: doc for p in paths if (doc := self._get(p, raw)) is not None}

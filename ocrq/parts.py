@@ -2,8 +2,10 @@
 
 A worker writes the final images of a stored chunk as one part (``keys.result_part``: JSON lines,
 one ImageResult each), then records each image's marker with the part's number (``ocrq.jobs``):
-one PUT per chunk, not one per image. A part is written once and never replaced (its name is
-new: ``JobIndex.new_part``). An image done again (a reprocess, a redelivered chunk whose first
+one PUT per chunk, not one per image. A part is written once and never replaced: its name is new
+(``JobIndex.new_part``), and it is only created (``ResultStore.put_many``'s ``new``), since a
+failover or a crash can set the Redis counter back and hand a number out twice; the writer then
+takes the next one. An image done again (a reprocess, a redelivered chunk whose first
 attempt stored its part but not its records) gets a line in a newer part and its marker names
 that one, so a part may hold lines that are no longer current.
 

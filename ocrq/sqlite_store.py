@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ocrq.docbytes import dumps_doc
-from ocrq.errors import StorageUnavailable
+from ocrq.errors import NameTaken, StorageUnavailable
 from ocrq.keys import is_export_object
 from ocrq.local_store import LocalStore
 
@@ -82,23 +82,28 @@ class SqliteStore:
     def put_json(self, path: str, doc: Any) -> None:
         self.put_many([(path, doc)])
 
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
-        """Every document in one transaction: all of them are stored, or none and it raises."""
+    def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
+        """Every document in one transaction: all of them are stored, or none and it raises
+        (``NameTaken`` where a path of ``new`` exists)."""
         files = [(path, doc) for path, doc in items if is_export_object(path)]
         if files:  # the export's marker: a file beside the export's data files
-            self._legacy.put_many(files)
-        rows = [(path, dumps_doc(doc)) for path, doc in items if not is_export_object(path)]
-        if not rows:
+            self._legacy.put_many(files, new=new)
+        rows = [(path, dumps_doc(doc)) for path, doc in items if not is_export_object(path) and path not in new]
+        fresh = [(path, dumps_doc(doc)) for path, doc in items if not is_export_object(path) and path in new]
+        if not rows and not fresh:
             return
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.executemany("INSERT INTO objects (path, doc) VALUES (?, ?)", fresh)
                 conn.executemany("INSERT OR REPLACE INTO objects (path, doc) VALUES (?, ?)", rows)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        except sqlite3.IntegrityError as exc:
+            raise NameTaken(f"local store {self.db}: one of {sorted(p for p, _ in fresh)} exists") from exc
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"local store write ({len(rows)} documents) {self.db}: {exc}") from exc
 

@@ -4,6 +4,9 @@ layout, still read).
 
 Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
 idempotent (same key, same content), so a redelivered message can rewrite them safely.
+The exception is a result part (``keys.result_part``): its name comes from a Redis counter, which a
+failover or a crash can set back, so it is written as new (``put_many``'s ``new``: S3's
+``If-None-Match: *``, SQLite's plain INSERT, a hard link on disk) and never replaces another.
 A missing object reads as ``None``; other failures raise ``StorageUnavailable`` (retryable) locally,
 and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping refs use).
 """
@@ -11,14 +14,14 @@ and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping ref
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any, Protocol
 
 from ocrq.docbytes import dumps_doc
-from ocrq.errors import MissingObject, StorageUnavailable
+from ocrq.errors import MissingObject, NameTaken, StorageUnavailable
 from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
 
@@ -31,8 +34,9 @@ class ResultStore(Protocol):
 
     def get_json(self, path: str) -> Any | None: ...
 
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
-        """Store every (path, document) of a chunk; raises if any could not be stored."""
+    def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
+        """Store every (path, document) of a chunk; raises if any could not be stored. The paths
+        in ``new`` are only created: one that exists raises ``NameTaken`` and is left as it is."""
         ...
 
     def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
@@ -85,8 +89,8 @@ class S3Store:
             self._pool = ThreadPoolExecutor(_S3_THREADS, thread_name_prefix="ocrq-s3")
         return list(self._pool.map(fn, items))
 
-    def put_many(self, items: Sequence[tuple[str, Any]]) -> None:
-        self._map(lambda kv: self.put_json(*kv), items)
+    def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
+        self._map(lambda kv: self._put(kv[0], kv[1], new=kv[0] in new), items)
 
     def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
         wanted = list(dict.fromkeys(paths))
@@ -94,14 +98,22 @@ class S3Store:
         return {p: d for p, d in zip(wanted, docs, strict=True) if d is not None}
 
     def put_json(self, path: str, doc: Any) -> None:
+        self._put(path, doc)
+
+    def _put(self, path: str, doc: Any, new: bool = False) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        # (S3 conditional writes, 2024; MinIO too: a store that ignores the header replaces)
+        only_new = {"IfNoneMatch": "*"} if new else {}
         try:
             self.client.put_object(
                 Bucket=self.bucket, Key=self.prefix + path, Body=dumps_doc(doc),
-                ContentType="application/json",
+                ContentType="application/json", **only_new,
             )
         except (BotoCoreError, ClientError) as exc:
+            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+            if new and code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise NameTaken(f"{self.location}{path} exists ({code})") from exc
             raise s3_error(exc, f"{self.location}{path} (put)") from exc
 
     def get_json(self, path: str) -> Any | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -130,14 +130,15 @@ class ResultCache:
         found.update(warm)
         return found
 
-    def put_many(self, entries: Mapping[str, Outputs], documents: Sequence[tuple[str, Any]] = ()) -> None:
+    def put_many(self, entries: Mapping[str, Outputs], documents: Sequence[tuple[str, Any]] = (),
+                 new: Collection[str] = ()) -> None:
         """Durable copy first, then the hot copy (a hot entry always has a durable one).
         ``documents``: other store writes of the chunk, stored in the same call (one SQLite
-        transaction) as the durable copies."""
+        transaction) as the durable copies; ``new``: those only created (``ResultStore.put_many``)."""
         encoded = {k: _dump(outs) for k, outs in entries.items()}
         writes = [(keys.cache_object(k), raw) for k, raw in encoded.items()] + list(documents)
         if writes:
-            self.store.put_many(writes)
+            self.store.put_many(writes, new=new)
         if encoded:
             self._set_redis(encoded)
 

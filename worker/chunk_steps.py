@@ -10,9 +10,11 @@ An image that fails at a step is in that step's errors and goes no further; ``st
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 from ocrq.errors import EngineTimeout, OcrqError, classify
 from ocrq.messages import Chunk
@@ -24,7 +26,7 @@ from worker.engines.base import OcrRequest
 from worker.fanout import fan_out
 from worker.loop.intake import Intake
 from worker.prepare import Prepared, Unit
-from worker.records import engine_share, image_record, result_documents, settle
+from worker.records import engine_share, image_record, settle, store_documents
 
 #: (image id, unit number): one cache entry of one image (a file, or one page of a PDF)
 UnitId = tuple[str, int]
@@ -183,10 +185,15 @@ def store(ctx: WorkerContext, chunk: Chunk, worker: str | None, prepared: dict[s
             report.cached += cached
             docs.append(ImageResult(record=rec, outputs=outs))
         records.append(rec)
-    part, writes = result_documents(ctx, chunk, docs)
     entries = {prepared[i].units[n].cache_key: outs for (i, n), outs in inferred.computed.items()
                if (i, n) not in inferred.shared}
-    ctx.cache.put_many(entries, documents=writes)
-    ctx.index.record(records, requests=(len(entries) + len(writes), sum(cache.reads)), part=part)
+    written: list[tuple[str, Any]] = []
+
+    def put(writes: list[tuple[str, Any]], new: Collection[str]) -> None:
+        ctx.cache.put_many(entries, documents=writes, new=new)
+        written[:] = writes
+
+    part = store_documents(ctx, chunk, docs, put)
+    ctx.index.record(records, requests=(len(entries) + len(written), sum(cache.reads)), part=part)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     return Stored(report, len(docs))

@@ -4,11 +4,13 @@ of an error (another attempt, or failed for good), and the documents written for
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ocrq import keys
-from ocrq.errors import OcrqError
+from ocrq.errors import NameTaken, OcrqError
 from ocrq.messages import Chunk, Item
 from ocrq.redact import redact_url
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
@@ -16,6 +18,8 @@ from worker.chunk_report import ChunkReport
 from worker.context import WorkerContext
 from worker.prepare import Prepared
 from worker.retry import final_error
+
+log = logging.getLogger("ocrq.worker")
 
 
 def image_record(chunk: Chunk, item: Item, status: ImageStatus, error: OcrqError | None = None,
@@ -51,20 +55,37 @@ def settle(ctx: WorkerContext, chunk: Chunk, item: Item, err: OcrqError, prep: P
     return image_record(chunk, item, ImageStatus.failed, final, prep, worker=worker)
 
 
-def result_documents(ctx: WorkerContext, chunk: Chunk,
-                     docs: list[ImageResult]) -> tuple[int | None, list[tuple[str, Any]]]:
-    """The store writes of a chunk's final images: one result part holding their documents
-    (ocrq.parts; its number goes into their markers) and, per failed image, the failed registry's
-    durable mirror (losing Redis does not lose what failed)."""
+#: part numbers tried before a chunk's documents give up (and the chunk is retried): a number is
+#: taken only where Redis handed it out before and then lost its counter (a failover, a crash)
+PART_TRIES = 64
+
+
+def store_documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult],
+                    put: Callable[[list[tuple[str, Any]], Collection[str]], None]) -> int | None:
+    """Store a chunk's final images: one result part holding their documents (ocrq.parts; its
+    number goes into their markers, returned) and, per failed image, the failed registry's durable
+    mirror (losing Redis does not lose what failed). ``put(writes, new)`` writes them, ``new``
+    (the part) only where its name is free: a name another chunk's documents hold is never
+    replaced, the next number is taken."""
     if not docs:
-        return None, []
-    epoch, part = ctx.index.new_part(chunk.job)
-    path = keys.result_part(chunk.job, epoch, part)
-    writes: list[tuple[str, Any]] = [(path, b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n")]
+        put([], ())
+        return None
+    body = b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n"
     items = {it.id: it for it in chunk.items}
-    writes += [(keys.failed_object(d.record.job, d.record.id), failed_entry(chunk, items[d.record.id], d.record, path))
-               for d in docs if d.record.status == ImageStatus.failed]
-    return part, writes
+    for _ in range(PART_TRIES):
+        epoch, part = ctx.index.new_part(chunk.job)
+        path = keys.result_part(chunk.job, epoch, part)
+        writes: list[tuple[str, Any]] = [(path, body)]
+        writes += [(keys.failed_object(d.record.job, d.record.id), failed_entry(chunk, items[d.record.id], d.record,
+                                                                                 path))
+                   for d in docs if d.record.status == ImageStatus.failed]
+        try:
+            put(writes, (path,))
+            return part
+        except NameTaken as exc:
+            log.warning("! result part %s of job=%s is taken (Redis set its counter back): the next one, %s",
+                        part, chunk.job, exc)
+    raise NameTaken(f"job={chunk.job}: {PART_TRIES} result part numbers in a row were taken")
 
 
 def failed_entry(chunk: Chunk, item: Item, rec: ImageRecord, document: str) -> dict[str, Any]:

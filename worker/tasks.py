@@ -28,7 +28,7 @@ from worker import chunk_steps as steps
 from worker.chunk_report import ChunkReport
 from worker.context import WorkerContext
 from worker.loop.intake import Intake
-from worker.records import image_record, result_documents, settle
+from worker.records import image_record, settle, store_documents
 from worker.retry import backoff
 
 log = logging.getLogger("ocrq.task")
@@ -204,8 +204,8 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
     failed = [rec for rec in records if rec.status is ImageStatus.failed]
     part = None
     try:
-        part, writes = result_documents(ctx, chunk, [ImageResult(record=rec) for rec in failed])
-        ctx.store.put_many(writes)
+        part = store_documents(ctx, chunk, [ImageResult(record=rec) for rec in failed],
+                               lambda writes, new: ctx.store.put_many(writes, new=new))
     except Exception as exc:
         # the final failures cannot be written (the store is what is down): acking them now would
         # leave them "running" for good. They go back as they are, their attempt not counted

@@ -133,3 +133,56 @@ def test_a_job_archived_while_it_is_read_is_read_whole(job, redis_client, read_b
     got += list(reader)
     assert sorted(r.record.id for r in got) == [f"id{i}" for i in range(8)]
     assert all(r.text == f"text {r.record.id}" for r in got)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "files", "s3"])
+def test_a_part_is_created_never_replaced(kind, tmp_path, request):
+    """``put_many``'s ``new``: a path that exists raises NameTaken and keeps its document (S3's
+    If-None-Match on moto's server, SQLite's INSERT, a hard link on disk)."""
+    from ocrq.errors import NameTaken
+    from ocrq.local_store import LocalStore
+    from ocrq.storage import S3Store
+
+    if kind == "s3":
+        client, bucket = request.getfixturevalue("s3_bucket")
+        store = S3Store(client, bucket, "p")
+    else:
+        store = SqliteStore(tmp_path) if kind == "sqlite" else LocalStore(tmp_path)
+    path = keys.result_part("j", "e0", 1)
+    store.put_many([(path, b"first\n"), ("cache/a.json", {"a": 1})], new=[path])
+    with pytest.raises(NameTaken):
+        store.put_many([(path, b"second\n"), ("cache/a.json", {"a": 2})], new=[path])
+    assert store.get_many([path], raw=True)[path] == b"first\n"
+    store.put_many([(path, b"third\n")])  # (without ``new``, a write replaces)
+    assert store.get_many([path], raw=True)[path] == b"third\n"
+    assert not [p for p in (tmp_path.rglob(".tmp-*") if kind == "files" else [])]
+
+
+def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_client):
+    """Redis sets the part counter back (a failover promoted a replica that had not yet seen the
+    last HINCRBY, or a crash lost it from the AOF) while a chunk's markers survive naming that
+    number: the next chunk given the same number takes the next free one instead of replacing the
+    part, and every image reads back its own document."""
+    from types import SimpleNamespace
+
+    from ocrq.messages import Chunk, Item
+    from worker.records import store_documents
+
+    index, store = job
+
+    def chunk_of(ids: range) -> tuple[Chunk, list[ImageResult]]:
+        items = [Item(id=f"id{i}", ref=f"/r{i}") for i in ids]
+        return (Chunk(job="j", task="text", items=items),
+                [doc(rec(i, ImageStatus.done, pages=1), f"text id{i}") for i in ids])
+
+    ctx = SimpleNamespace(index=index)
+    first, docs = chunk_of(range(0, 3))
+    n = store_documents(ctx, first, docs, lambda writes, new: store.put_many(writes, new=new))
+    index.record([d.record for d in docs], part=n)
+    redis_client.hincrby(keys.job("j"), "parts", -1)  # the counter set back
+    second, docs = chunk_of(range(3, 6))
+    m = store_documents(ctx, second, docs, lambda writes, new: store.put_many(writes, new=new))
+    index.record([d.record for d in docs], part=m)
+    assert m == n + 1
+    got = {r.record.id: r for r in results(index, store, "j")}
+    assert [got[f"id{i}"].outputs[0].text for i in range(6)] == [f"text id{i}" for i in range(6)]

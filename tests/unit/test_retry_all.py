@@ -6,6 +6,7 @@ failures that cannot be stored are handed back, never acked as "running". The co
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ class FakeStore:
         self.down = down
         self.written: list[str] = []
 
-    def put_many(self, items: list[tuple[str, Any]]) -> None:
+    def put_many(self, items: list[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
         if self.down:
             raise StorageUnavailable("S3 unavailable (put)")
         self.written += [path for path, _ in items]
