@@ -36,7 +36,7 @@ def images(n: int) -> str:
 
 
 def job_handle(client: Any, job: str) -> Any:
-    from producer.client import UnknownJob
+    from producer.job import UnknownJob
 
     try:
         return client.job(job)

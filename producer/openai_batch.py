@@ -35,7 +35,8 @@ from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected,
 from ocrq.refs import parse
 from ocrq.results import json_line
 from ocrq.s3errors import s3_error
-from producer.client import Client, Job
+from producer.client import Client
+from producer.job import Job
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
 MAX_URL_FILE_BYTES = 200 * 1024 * 1024
