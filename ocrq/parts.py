@@ -121,31 +121,34 @@ def document(index: JobIndex, store: ResultStore, job: str, image_id: str, path:
     return None if found is None else found[1]
 
 
-def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH) -> Iterator[ImageResult]:
+def results(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH,
+            skip: Callable[[str], bool] | None = None) -> Iterator[ImageResult]:
     """Every image of the job, once: a final one with its document, one a worker is on as its
-    record, a queued one as a record made from its shard line (see the module's docstring)."""
-    for found in located(index, store, job, batch):
+    record, a queued one as a record made from its shard line (see the module's docstring).
+    ``skip(image id)``: images left out before their documents are read (a reader following a
+    job reads only the parts of images it has not had yet)."""
+    for found in located(index, store, job, batch, skip=skip):
         yield found.result
 
 
 def located(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BATCH,
-            parts: Parts | None = None) -> Iterator[Located]:
+            parts: Parts | None = None, skip: Callable[[str], bool] | None = None) -> Iterator[Located]:
     parts = parts if parts is not None else Parts(store)
     if index.archived(job):
-        yield from _archived(parts, job, _Seen(), batch)
+        yield from _archived(parts, job, _Seen(), batch, skip)
         return
     # a finished job may be archived while it is read (its markers and shards go): what was
     # read is remembered (8 bytes an image), and the rest comes through the index then
     counts = index.counts(job)
     seen = _Seen() if counts["done"] + counts["failed"] >= counts["total"] else None
     try:
-        for found in _walk(index, parts, job, batch, seen is not None):
+        for found in _walk(index, parts, job, batch, seen is not None, skip):
             if seen is not None:
                 seen.add(found.result.record.id)
             yield found
     except _ArchivedMeanwhile:
         assert seen is not None
-        yield from _archived(parts, job, seen, batch)
+        yield from _archived(parts, job, seen, batch, skip)
 
 
 class _ArchivedMeanwhile(Exception):
@@ -175,16 +178,19 @@ class _Seen:
         return at < len(self._sorted) and self._sorted[at] == key
 
 
-def _archived(parts: Parts, job: str, seen: _Seen, batch: int) -> Iterator[Located]:
+def _archived(parts: Parts, job: str, seen: _Seen, batch: int,
+              skip: Callable[[str], bool] | None = None) -> Iterator[Located]:
     prior = read_index(parts.store, job)
-    yield from (_through_index(None, parts, job, None, prior, seen.__contains__, batch) if prior is not None
+    left_out = seen.__contains__ if skip is None else (lambda i: i in seen or skip(i))
+    yield from (_through_index(None, parts, job, None, prior, left_out, batch) if prior is not None
                 else _per_image_objects(parts.store, job, batch))
 
 
-def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool) -> Iterator[Located]:
+def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool,
+          skip: Callable[[str], bool] | None = None) -> Iterator[Located]:
     """A job with records in Redis: its shards, then its last index (if it was archived before),
     then the records no shard names. ``finished``: a missing marker or shard may mean the job
-    was archived meanwhile (``_ArchivedMeanwhile``)."""
+    was archived meanwhile (``_ArchivedMeanwhile``). ``skip``: images left out (``results``)."""
     prior = read_index(parts.store, job)
     epoch = _epoch(index, job)
     in_redis = int(index.redis.hlen(keys.job_images(job)))
@@ -198,12 +204,15 @@ def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool) -
         if taken is not None:
             taken.update(i for i, _, _ in lines)
         seen += len(lines)
+        if skip is not None:
+            lines = [line for line in lines if not skip(line[0])]
         values = index.raw(job, [i for i, _, _ in lines])
         if finished and None in values and index.archived(job):
             raise _ArchivedMeanwhile
         yield from _by_marker(parts, job, epoch, lines, values)
     if prior is not None and taken is not None:
-        for found in _through_index(index, parts, job, epoch, prior, taken.__contains__, batch):
+        left_out = taken.__contains__ if skip is None else (lambda i: i in taken or skip(i))
+        for found in _through_index(index, parts, job, epoch, prior, left_out, batch):
             if found.from_redis:
                 seen += 1
                 taken.add(found.result.record.id)  # (a later scan for records no shard names skips it)
@@ -211,7 +220,7 @@ def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool) -
     if seen < in_redis:  # records no shard names (a chunk published by something else)
         if taken is None:
             taken = {i for part in _shard_batches(parts.store, job, subs, batch) for i, _, _ in part}
-        yield from _unsharded(index, parts, job, epoch, taken, batch)
+        yield from _unsharded(index, parts, job, epoch, taken, batch, skip)
 
 
 def _shard_batches(store: ResultStore, job: str, subs: list[Submission], batch: int,
@@ -282,7 +291,7 @@ def _through_index(index: JobIndex | None, parts: Parts, job: str, epoch: str | 
 
 
 def _unsharded(index: JobIndex, parts: Parts, job: str, epoch: str | None, taken: set[str],
-               batch: int) -> Iterator[Located]:
+               batch: int, skip: Callable[[str], bool] | None = None) -> Iterator[Located]:
     """Images a worker recorded that no shard names (a message from elsewhere), by a scan of the
     job's records (a scan may return an image twice: each is yielded once)."""
     for key, value in index.redis.hscan_iter(keys.job_images(job), count=batch):
@@ -290,6 +299,8 @@ def _unsharded(index: JobIndex, parts: Parts, job: str, epoch: str | None, taken
         if image_id in taken:
             continue
         taken.add(image_id)
+        if skip is not None and skip(image_id):
+            continue
         path = part_of(job, epoch, image_id, value)
         if path is not None:
             parts.load([path])

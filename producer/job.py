@@ -91,7 +91,8 @@ class Job:
         """Every image's record (``results()`` without the outputs)."""
         return (r.record for r in self.results())
 
-    def results(self, batch: int = 512) -> Iterator[ImageResult]:
+    def results(self, batch: int = 512, skip: Callable[[str], bool] | None = None) -> Iterator[ImageResult]:
         """Every image of the job: finished ones with their stored document, others as records.
-        Documents are read ``batch`` at a time (one store ``get_many``)."""
-        return export_results(self.client.index, self.client.store, self.name, batch)
+        Documents are read ``batch`` at a time (one store ``get_many``); ``skip(image id)``: images
+        left out before their documents are read (a reader following the job)."""
+        return export_results(self.client.index, self.client.store, self.name, batch, skip=skip)

@@ -161,7 +161,9 @@ def write_files(client: Client, job: str, out: Path, *, follow: bool = False, po
         while True:
             counts = handle.status()  # before reading: all final then means all read final
             done = counts["done"] + counts["failed"] >= counts["total"] and not handle.submitting()
-            for image_id, is_error, envelope in final_lines(handle.results()):
+            # only the parts of images not written yet are read (parts never change): a pass
+            # costs the job's markers and refs shards, not its documents
+            for image_id, is_error, envelope in final_lines(handle.results(skip=written.__contains__)):
                 if image_id not in written:
                     written.add(image_id)
                     files.add(is_error, envelope)
@@ -170,8 +172,8 @@ def write_files(client: Client, job: str, out: Path, *, follow: bool = False, po
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job}: {counts}")
-            # each pass reads the job's documents: a large job is read less often (1 s per 20,000)
-            time.sleep(max(poll, counts["total"] / 20_000))
+            # each pass reads every image's marker: a large job is polled less often (1 s per 200,000)
+            time.sleep(max(poll, counts["total"] / 200_000))
     marker = {"job": job, "complete": done, "lines": files.lines, "error_lines": files.error_lines,
               "counts": counts, "files": [keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS]}
     if done:

@@ -186,3 +186,30 @@ def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_c
     assert m == n + 1
     got = {r.record.id: r for r in results(index, store, "j")}
     assert [got[f"id{i}"].outputs[0].text for i in range(6)] == [f"text id{i}" for i in range(6)]
+
+
+def test_a_reader_following_a_job_reads_only_the_parts_of_images_it_has_not_had(job, redis_client):
+    """``results(skip=...)``: a follower's second pass (``ocrq openai-batch submit --wait --out``)
+    reads no part whose images it wrote already, and still gets the newly final ones."""
+    index, store = job
+    first = store_part(index, store, [doc(rec(i, ImageStatus.done, pages=1), f"text id{i}") for i in range(3)])
+    reads: list[str] = []
+    get_many = store.get_many
+
+    def counting(paths, *, raw=False):
+        paths = list(paths)
+        reads.extend(paths)
+        return get_many(paths, raw=raw)
+
+    store.get_many = counting
+    had = {r.record.id for r in results(index, store, "j") if r.record.status.final}
+    assert had == {"id0", "id1", "id2"}
+    assert keys.result_part("j", index.new_part("j")[0], first) in reads
+    second = store_part(index, store, [doc(rec(i, ImageStatus.done, pages=1), f"text id{i}") for i in (3, 4)])
+    reads.clear()
+    got = {r.record.id: r for r in results(index, store, "j", skip=had.__contains__)}
+    assert set(got) == {f"id{i}" for i in range(3, 8)}  # id5-id7: not final, as records
+    assert got["id3"].outputs[0].text == "text id3"
+    epoch = index.new_part("j")[0]
+    assert keys.result_part("j", epoch, first) not in reads
+    assert keys.result_part("j", epoch, second) in reads
