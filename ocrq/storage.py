@@ -14,6 +14,7 @@ and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping ref
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -24,6 +25,8 @@ from ocrq.docbytes import dumps_doc
 from ocrq.errors import MissingObject, NameTaken, StorageUnavailable
 from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
+
+log = logging.getLogger(__name__)
 
 
 class ResultStore(Protocol):
@@ -82,6 +85,9 @@ class S3Store:
         self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
         self.location = f"s3://{bucket}/{self.prefix}"
         self._pool: ThreadPoolExecutor | None = None
+        #: create-only writes (``put_many``'s ``new``) with If-None-Match: off once the store
+        #: answers NotImplemented
+        self.conditional_writes = True
 
     def _map(self, fn: Any, items: Iterable[Any]) -> list[Any]:
         """One request per object, ``_S3_THREADS`` at a time (S3 has no batch put or get)."""
@@ -103,8 +109,9 @@ class S3Store:
     def _put(self, path: str, doc: Any, new: bool = False) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        # (S3 conditional writes, 2024; MinIO too: a store that ignores the header replaces)
-        only_new = {"IfNoneMatch": "*"} if new else {}
+        # S3 conditional writes (AWS since 2024-08, MinIO, moto); a store that refuses the header
+        # as not implemented gets plain writes from then on (what every write was before), said once
+        only_new = {"IfNoneMatch": "*"} if new and self.conditional_writes else {}
         try:
             self.client.put_object(
                 Bucket=self.bucket, Key=self.prefix + path, Body=dumps_doc(doc),
@@ -112,8 +119,15 @@ class S3Store:
             )
         except (BotoCoreError, ClientError) as exc:
             code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
-            if new and code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if only_new and code in ("PreconditionFailed", "ConditionalRequestConflict"):
                 raise NameTaken(f"{self.location}{path} exists ({code})") from exc
+            if only_new and code == "NotImplemented":
+                self.conditional_writes = False
+                log.warning("! %s does not implement If-None-Match on PUT: result parts are written "
+                            "without it (a Redis failover could then let one chunk's part replace another's)",
+                            self.location)
+                self._put(path, doc)
+                return
             raise s3_error(exc, f"{self.location}{path} (put)") from exc
 
     def get_json(self, path: str) -> Any | None:

@@ -55,3 +55,27 @@ def test_the_same_s3_answer_is_the_same_error_for_refs_and_the_store(
     # a missing result document reads as None; every other answer maps like the ref's
     assert read is (None if expected is MissingObject else expected)
     assert write is expected
+
+
+def test_a_store_without_conditional_writes_gets_plain_ones_said_once(stubbed, caplog) -> None:
+    """A part is written with If-None-Match: * (``put_many``'s ``new``); an S3-compatible store
+    that answers NotImplemented gets the plain PUT instead, and no header from then on; a taken
+    name is ``NameTaken``."""
+    from ocrq.errors import NameTaken
+
+    client, stub = stubbed
+    store = S3Store(client, "b", "p")
+    conditional = {"Bucket": "b", "Key": "p/parts/1", "Body": b"x", "ContentType": "application/json",
+                   "IfNoneMatch": "*"}
+    plain = {k: v for k, v in conditional.items() if k != "IfNoneMatch"}
+    stub.add_client_error("put_object", "PreconditionFailed", http_status_code=412, expected_params=conditional)
+    with pytest.raises(NameTaken):
+        store.put_many([("parts/1", b"x")], new=["parts/1"])
+    stub.add_client_error("put_object", "NotImplemented", http_status_code=501, expected_params=conditional)
+    stub.add_response("put_object", {}, plain)
+    store.put_many([("parts/1", b"x")], new=["parts/1"])
+    stub.add_response("put_object", {}, plain)
+    store.put_many([("parts/1", b"x")], new=["parts/1"])
+    stub.assert_no_pending_responses()
+    assert store.conditional_writes is False
+    assert sum("does not implement If-None-Match" in r.getMessage() for r in caplog.records) == 1
