@@ -56,7 +56,7 @@ from bench.chaos.failover import run_failover
 from bench.chaos.poison import poison_special
 from bench.chaos.security import run_security
 from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
-from bench.chaos.verify import Outcome, verify
+from bench.chaos.verify import Outcome, verify, wait_drained
 from bench.services import free_port
 from ocrq import keys
 from ocrq.settings import Settings
@@ -284,6 +284,9 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
         time.sleep(1.0)
     stop.set()
     thread.join(120)
+    # a worker killed just before the faults stopped holds a message (a chunk run again, the
+    # export) until the reaper gives it back: dead_worker_s + 2 × reaper_interval_s
+    wait_drained(r, client.settings.queue.name, 15 if env.quick else 150)
     time.sleep(2.0)  # the last acks land, and workers publish their state once more
     outcome = verify(r, client.index, client.store, job.name, ids, client.settings.queue.name)
     if sim.get("oom_rate"):

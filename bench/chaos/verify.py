@@ -6,6 +6,7 @@ queued or unacked."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,21 @@ def _left_behind(redis: Any, index: JobIndex, job: str, queue: str) -> list[str]
     if unacked or queued:
         problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
     return problems
+
+
+def wait_drained(redis: Any, queue: str, timeout_s: float) -> float:
+    """Wait until no message is queued or unacked (a worker killed just before the faults
+    stopped leaves its message in ``unacked`` until the reaper gives it back and a worker acks
+    it), at most ``timeout_s``; the seconds waited. What is still there then, ``verify`` reports."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if not int(redis.hlen("unacked")) and not any(int(redis.llen(k)) for k in queue_lists(redis, queue)):
+                break
+        except Exception:  # noqa: BLE001 - Redis restarting: the next poll sees it
+            pass
+        time.sleep(0.5)
+    return time.monotonic() - t0
 
 
 def queue_lists(redis: Any, queue: str) -> list[bytes]:
