@@ -286,7 +286,9 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
     thread.join(120)
     # a worker killed just before the faults stopped holds a message (a chunk run again, the
     # export) until the reaper gives it back: dead_worker_s + 2 × reaper_interval_s
-    wait_drained(r, client.settings.queue.name, 15 if env.quick else 150)
+    drained = wait_drained(r, client.settings.queue.name, 15 if env.quick else 150)
+    if drained >= 1.0:
+        notes.append(f"queue and unacked drained {drained:.0f}s after the faults stopped")
     time.sleep(2.0)  # the last acks land, and workers publish their state once more
     outcome = verify(r, client.index, client.store, job.name, ids, client.settings.queue.name)
     if sim.get("oom_rate"):
