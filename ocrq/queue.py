@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from celery import Celery
 
-from ocrq.redis_conn import celery_options, celery_tls
+from ocrq.redis_conn import celery_options, celery_tls, is_sentinel
 from ocrq.settings import Settings
 from ocrq.transport_aliases import install as install_transport
+
+#: kombu's ensure() policy for publishing on a Sentinel URL: 0.1, 0.6, 1.1, 1.6, then 2 s apart,
+#: 20 tries (~35 s)
+PUBLISH_RETRY_POLICY = {"max_retries": 20, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2.0}
 
 
 def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
@@ -55,6 +59,12 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
         # chunk results are tiny summaries; the real results are in the job index and the store
         result_expires=24 * 3600,
     )
+    if is_sentinel(settings.redis.url):
+        # a publish (and its queue declare) that meets the old master, or a Sentinel that has not
+        # yet seen the promotion, reconnects and asks again for ~30 s, as every other client does
+        # (Celery's default gives up after ~0.6 s: a fresh `ocrq submit` right after a failover
+        # failed with "The previous master is now a slave")
+        app.conf.task_publish_retry_policy = PUBLISH_RETRY_POLICY
     tls = celery_tls(settings.redis)
     if tls:  # Sentinel with TLS: the master's connection too, for the broker and the results
         app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=dict(tls))
