@@ -88,8 +88,11 @@ class SqliteStore:
         files = [(path, doc) for path, doc in items if is_export_object(path)]
         if files:  # the export's marker: a file beside the export's data files
             self._legacy.put_many(files, new=new)
-        rows = [(path, dumps_doc(doc)) for path, doc in items if not is_export_object(path) and path not in new]
-        fresh = [(path, dumps_doc(doc)) for path, doc in items if not is_export_object(path) and path in new]
+        rows: list[tuple[str, bytes]] = []
+        fresh: list[tuple[str, bytes]] = []
+        for path, doc in items:
+            if not is_export_object(path):
+                (fresh if path in new else rows).append((path, dumps_doc(doc)))
         if not rows and not fresh:
             return
         conn = self._conn()

@@ -10,11 +10,9 @@ An image that fails at a step is in that step's errors and goes no further; ``st
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
 from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
 
 from ocrq.errors import EngineTimeout, OcrqError, classify
 from ocrq.messages import Chunk
@@ -187,13 +185,8 @@ def store(ctx: WorkerContext, chunk: Chunk, worker: str | None, prepared: dict[s
         records.append(rec)
     entries = {prepared[i].units[n].cache_key: outs for (i, n), outs in inferred.computed.items()
                if (i, n) not in inferred.shared}
-    written: list[tuple[str, Any]] = []
-
-    def put(writes: list[tuple[str, Any]], new: Collection[str]) -> None:
-        ctx.cache.put_many(entries, documents=writes, new=new)
-        written[:] = writes
-
-    part = store_documents(ctx, chunk, docs, put)
-    ctx.index.record(records, requests=(len(entries) + len(written), sum(cache.reads)), part=part)
+    part, writes = store_documents(ctx, chunk, docs,
+                                   lambda writes, new: ctx.cache.put_many(entries, documents=writes, new=new))
+    ctx.index.record(records, requests=(len(entries) + len(writes), sum(cache.reads)), part=part)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
     return Stored(report, len(docs))

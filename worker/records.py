@@ -61,15 +61,17 @@ PART_TRIES = 64
 
 
 def store_documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult],
-                    put: Callable[[list[tuple[str, Any]], Collection[str]], None]) -> int | None:
+                    put: Callable[[list[tuple[str, Any]], Collection[str]], None]
+                    ) -> tuple[int | None, list[tuple[str, Any]]]:
     """Store a chunk's final images: one result part holding their documents (ocrq.parts; its
     number goes into their markers, returned) and, per failed image, the failed registry's durable
-    mirror (losing Redis does not lose what failed). ``put(writes, new)`` writes them, ``new``
+    mirror (losing Redis does not lose what failed); (the part's number, the writes stored).
+    ``put(writes, new)`` writes them, ``new``
     (the part) only where its name is free: a name another chunk's documents hold is never
     replaced, the next number is taken."""
     if not docs:
         put([], ())
-        return None
+        return None, []
     body = b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n"
     items = {it.id: it for it in chunk.items}
     for _ in range(PART_TRIES):
@@ -81,7 +83,7 @@ def store_documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult],
                    for d in docs if d.record.status == ImageStatus.failed]
         try:
             put(writes, (path,))
-            return part
+            return part, writes
         except NameTaken as exc:
             log.warning("! result part %s of job=%s is taken (Redis set its counter back): the next one, %s",
                         part, chunk.job, exc)

@@ -204,8 +204,8 @@ def _retry_all(ctx: WorkerContext, chunk: Chunk, err: OcrqError, worker: str | N
     failed = [rec for rec in records if rec.status is ImageStatus.failed]
     part = None
     try:
-        part = store_documents(ctx, chunk, [ImageResult(record=rec) for rec in failed],
-                               lambda writes, new: ctx.store.put_many(writes, new=new))
+        part, _ = store_documents(ctx, chunk, [ImageResult(record=rec) for rec in failed],
+                                  lambda writes, new: ctx.store.put_many(writes, new=new))
     except Exception as exc:
         # the final failures cannot be written (the store is what is down): acking them now would
         # leave them "running" for good. They go back as they are, their attempt not counted

@@ -71,8 +71,7 @@ def _left_behind(redis: Any, index: JobIndex, job: str, queue: str) -> list[str]
     problems = []
     if not index.archived(job):
         problems.append("the finished, exported job was not archived (its records are still in Redis)")
-    unacked = int(redis.hlen("unacked"))
-    queued = sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
+    unacked, queued = in_flight(redis, queue)
     if unacked or queued:
         problems.append(f"left behind: {unacked} unacked, {queued} queued messages")
     return problems
@@ -85,12 +84,17 @@ def wait_drained(redis: Any, queue: str, timeout_s: float) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         try:
-            if not int(redis.hlen("unacked")) and not any(int(redis.llen(k)) for k in queue_lists(redis, queue)):
+            if in_flight(redis, queue) == (0, 0):
                 break
         except Exception:  # noqa: BLE001 - Redis restarting: the next poll sees it
             pass
         time.sleep(0.5)
     return time.monotonic() - t0
+
+
+def in_flight(redis: Any, queue: str) -> tuple[int, int]:
+    """(messages unacked, messages queued) on the broker."""
+    return int(redis.hlen("unacked")), sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
 
 
 def queue_lists(redis: Any, queue: str) -> list[bytes]:
