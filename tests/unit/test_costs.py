@@ -9,10 +9,12 @@ from hypothesis import strategies as st
 from worker.memory.costs import (
     MAX_PIXELS,
     MIN_PIXELS,
+    MemorySample,
     ModelProfile,
     estimate_parameters,
     hunyuan_resize,
     hunyuan_vision_tokens,
+    usable_free,
 )
 
 # Golden values from transformers 5.19 ``hunyuan_vl.image_processing_pil_hunyuan_vl.smart_resize``
@@ -125,3 +127,9 @@ def test_profile_rejects_a_config_without_a_text_model() -> None:
 def test_cpu_profile_is_tiny() -> None:
     cpu = ModelProfile.cpu_default()
     assert cpu.weight_bytes == 0 and 0 < cpu.bytes_per_token <= 16
+
+
+def test_usable_free_counts_what_torch_caches_unused() -> None:
+    assert usable_free(100, MemorySample(allocated=30, reserved=50)) == 120
+    assert usable_free(100, MemorySample(allocated=50, reserved=30)) == 100  # never below NVML's figure
+    assert usable_free(100, MemorySample(allocated=None, reserved=50)) == 100

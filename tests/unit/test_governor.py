@@ -15,8 +15,8 @@ from tests.fakes.fake_nvml import FakeNvml
 from worker.context import governor_for
 from worker.engines.base import ImageCost
 from worker.engines.simulated import SimulatedEngine
-from worker.governor.governor import Governor, batch_tokens, resolve_capacity
-from worker.memory.costs import ModelProfile
+from worker.governor.governor import Governor, batch_tokens
+from worker.memory.costs import ModelProfile, resolve_capacity
 
 GB = 10**9
 # a round-number model: 2 GB of weights, 100 kB per token

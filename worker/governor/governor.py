@@ -33,7 +33,7 @@ from worker.governor.calibration import Calibrator
 from worker.governor.count_limit import CountLimit
 from worker.governor.packing import batch_tokens, pack
 from worker.governor.paged_kv import KV_FILL, KvPressure
-from worker.memory.costs import ImageCost, ModelProfile
+from worker.memory.costs import ImageCost, ModelProfile, resolve_capacity
 
 if TYPE_CHECKING:
     from ocrq.settings import BatchSettings
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Governor", "ModelProfile", "batch_tokens", "resolve_capacity"]
+__all__ = ["Governor", "ModelProfile", "batch_tokens"]
 
 Mode = Literal["fixed", "auto"]
 
@@ -49,17 +49,6 @@ Mode = Literal["fixed", "auto"]
 _OOM_BOOST = 1.2
 _MAX_BOOST = 4.0
 _BOOST_DECAY = 0.7
-
-
-def resolve_capacity(
-    device_total: int | None, engine_capacity: int | None = None, cap: int | None = None
-) -> int | None:
-    """Bytes the governor may plan against: what the engine says it may use (vLLM:
-    gpu_memory_utilization × total) else the device total (NVML), optionally capped."""
-    base = engine_capacity if engine_capacity is not None else device_total
-    if base is None:
-        return cap
-    return min(base, cap) if cap is not None else base
 
 
 class Governor:

@@ -38,6 +38,7 @@ from worker.loop.engine_time import EngineTime
 from worker.loop.intake import Intake, QueuedImage, settle
 from worker.loop.oom import OOM_LOG, OomRecovery, downscale_for_memory, is_oom
 from worker.loop.pace import Pace
+from worker.memory.costs import usable_free
 from worker.memory.nvml import MemoryProbe, NullProbe
 
 __all__ = ["OOM_LOG", "EngineLoop", "Intake", "downscale_for_memory", "is_oom"]
@@ -328,18 +329,10 @@ class EngineLoop(OomRecovery):
         return batch
 
     def _free_bytes(self) -> int | None:
-        """Device bytes this process could still use: NVML free plus what torch caches unused.
-        None for paged engines (vLLM preallocates: NVML free says nothing about load)."""
-        if self._paged:
-            return None
-        device = self.probe.read()
-        if device is None:
-            return None
-        sample = self._memory()
-        slack = 0
-        if sample.reserved is not None and sample.allocated is not None:
-            slack = max(0, sample.reserved - sample.allocated)
-        return device.free + slack
+        """Device bytes this process could still use; None for paged engines (vLLM preallocates:
+        NVML free says nothing about load)."""
+        device = None if self._paged else self.probe.read()
+        return None if device is None else usable_free(device.free, self._memory())
 
     def _memory(self) -> MemorySample:
         try:

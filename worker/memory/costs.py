@@ -1,5 +1,6 @@
 """What work costs: HunyuanOCR's image → vision-token rule, a model's token → byte profile, and
-the value types engines report and the governor plans with (``ImageCost``, ``MemorySample``).
+the value types engines report and the governor plans with (``ImageCost``, ``MemorySample``), and
+the device bytes it plans against.
 
 The governor sizes batches by tokens, not by image count, so the token rule must agree with the
 model's own processor (transformers ``HunYuanVLImageProcessor.smart_resize`` and the processor's
@@ -81,6 +82,25 @@ class MemorySample:
     kv_usage: float | None = None
     waiting: int | None = None
     preemptions: int | None = None
+
+
+def resolve_capacity(
+    device_total: int | None, engine_capacity: int | None = None, cap: int | None = None
+) -> int | None:
+    """Bytes the governor may plan against: what the engine says it may use (vLLM:
+    gpu_memory_utilization × total) else the device total (NVML), optionally capped."""
+    base = engine_capacity if engine_capacity is not None else device_total
+    if base is None:
+        return cap
+    return min(base, cap) if cap is not None else base
+
+
+def usable_free(device_free: int, sample: MemorySample) -> int:
+    """Device bytes this process could still use: NVML's free plus what torch caches unused."""
+    slack = 0
+    if sample.reserved is not None and sample.allocated is not None:
+        slack = max(0, sample.reserved - sample.allocated)
+    return device_free + slack
 
 
 #: CUDA context, cuBLAS/cuDNN workspaces: device memory that torch's peak counters never see
