@@ -20,16 +20,15 @@ from typing import Any, TypeVar
 from ocrq import keys
 from ocrq.redis_conn import is_sentinel, redacted
 from ocrq.settings import RedisSettings
+from producer.errors import NotReplicated
+
+__all__ = ["NotReplicated", "acknowledged"]
 
 log = logging.getLogger("ocrq.producer")
 
 T = TypeVar("T")
 #: writes of one submission before it is given up as not replicated
 MAX_TRIES = 5
-
-
-class NotReplicated(RuntimeError):
-    """The submission could not be confirmed on enough replicas: it may be lost in a failover."""
 
 
 def replication_id(client: Any) -> str:

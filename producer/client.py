@@ -16,7 +16,6 @@ re-publishes images that are not finished; finished ones are left alone.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,8 +23,7 @@ from typing import Any
 
 import redis
 
-from ocrq import keys, redis_conn
-from ocrq.errors import RefusedRef, TooLarge
+from ocrq import keys, names, redis_conn
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
 from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
@@ -43,14 +41,23 @@ from ocrq.messages import (
 )
 from ocrq.parts import read_index
 from ocrq.queue import make_celery
-from ocrq.redact import redact_text, redact_url
+from ocrq.redact import redact_text
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from producer.acked import acknowledged
-from producer.job import Job, UnknownJob
+from producer.errors import (
+    BrokerFull,
+    InvalidName,
+    ParamsTooLarge,
+    SubmissionRefused,
+    UnknownJob,
+    UnsupportedTask,
+)
+from producer.job import Job
 
-JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+__all__ = ["BrokerFull", "Client", "SubmissionRefused", "UnknownJob"]
+
 #: progress(phase, done, total) of a submission: "submitting" (refs recorded, written and fed)
 Progress = Callable[[str, int, int], None]
 #: skipped files listed in the job's meta (all are counted)
@@ -135,13 +142,17 @@ class Client:
         Batch output and error files (ocrq.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
         worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it."""
-        if not JOB_NAME.match(job):
-            raise ValueError(f"job name {job!r}: use letters, digits, '.', '_', '-' (≤128)")
-        check_task(task)
+        if not names.qualified_ok(job):
+            raise InvalidName(f"job name {names.shown(job)}: use letters, digits, '.', '_', '-' (≤ 128), "
+                              "starting with a letter or digit")
+        try:
+            check_task(task)
+        except ValueError as exc:
+            raise UnsupportedTask(str(exc)) from None
         params = params or {}
         params_size = message_bytes(params)
         if params_size > self.settings.queue.max_message_bytes // 4:
-            raise TooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"
+            raise ParamsTooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"
                            f" ({self.settings.queue.max_message_bytes}): pass large inputs by reference")
         plan = refs if isinstance(refs, IntakePlan) else self.plan(refs)
         try:
@@ -326,27 +337,3 @@ class Client:
 
     def close(self) -> None:
         self.redis.close()
-
-
-class SubmissionRefused(RefusedRef):
-    """Some refs were refused at submit; nothing was published. ``plan`` lists them."""
-
-    def __init__(self, plan: IntakePlan) -> None:
-        first = plan.refused_sample[0] if plan.refused_sample else None
-        super().__init__(f"{plan.refused} refs refused, nothing published"
-                         + (f"; first: {redact_text(first.reason)}" if first else ""))
-        self.plan = plan
-
-
-class BrokerFull(RuntimeError):
-    """The broker's Redis is (nearly) at its ``maxmemory``: the submission was refused, nothing
-    was published; the running jobs go on."""
-
-    def __init__(self, url: str, used: int, limit: int) -> None:
-        super().__init__(
-            f"the broker's Redis ({redact_url(url)}) holds {used / 2**20:,.0f} MiB of its maxmemory "
-            f"{limit / 2**20:,.0f} MiB ({used / limit:.0%}): new work is refused so running jobs can finish. "
-            "Wait for them, or raise the server's maxmemory (redis.max_memory, OCRQ_REDIS__MAX_MEMORY, for "
-            "the Redis `ocrq up` starts; refused from redis.refuse_submit_at of it)")
-        self.used = used
-        self.limit = limit

@@ -17,6 +17,9 @@ from ocrq.intake import IntakePlan
 from ocrq.jobs import JobIndex
 from ocrq.results import ImageRecord, ImageResult
 from ocrq.storage import ResultStore
+from producer.errors import UnknownJob
+
+__all__ = ["Job", "JobSource", "UnknownJob"]
 
 
 class JobSource(Protocol):
@@ -27,12 +30,6 @@ class JobSource(Protocol):
 
     @property
     def store(self) -> ResultStore: ...
-
-
-class UnknownJob(LookupError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no such job: {name!r}")
-        self.name = name
 
 
 class Job:
