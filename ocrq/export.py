@@ -27,21 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from ocrq import keys
+from ocrq.errors import NameTaken
 from ocrq.feed import submissions
-from ocrq.jobs import JobIndex
+from ocrq.jobs import JobIndex, finished
 from ocrq.openai_responses import export_to_store
-from ocrq.parts import IndexWriter, Parts, located
+from ocrq.parts import IndexWriter, Located, Parts, located
 from ocrq.parts import results as results  # re-exported: the readers' entry point
-from ocrq.results import json_line
+from ocrq.results import ImageResult, ImageStatus, json_line
 from ocrq.scripts import set_nx
 from ocrq.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)
 _PARQUET_ROWS = 10_000
-
-
-def finished(counts: dict[str, int]) -> bool:
-    return counts["done"] + counts["failed"] >= counts["total"]
+#: cancelled images' documents per result part written at export (bounded memory)
+CANCELLED_PART_LINES = 4096
 
 
 def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], None], ttl: int) -> bool:
@@ -75,24 +74,32 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
     if index.redis.exists(keys.job_submitting(job)):
         return {"job": job, "exported": False, "reason": "a submission is being written", "counts": counts}
     meta = index.meta(job)
+    cancelled_at = index.cancelled_at(job)
     parquet = "parquet" in meta.get("exports", [])
     files = [keys.EXPORT_JSONL] + ([keys.EXPORT_PARQUET] if parquet else [])
     parts = Parts(store)
     taken = IndexWriter(job)
     # (a submission counts once every shard of it is written: one cut short is not listed)
     subs = [s for s in submissions(index.redis, job) if s.written >= s.windows]
+    # a cancelled image has no document: the export gives it one (in parts of its own), so the job
+    # reads whole once archived, and a reprocess finds it
+    unrun = _CancelledParts(index, store, job, parts, taken)
     with tempfile.TemporaryDirectory(prefix="ocrq-export-") as tmp:
         jsonl = Path(tmp) / keys.EXPORT_JSONL
         writer = _ParquetWriter(Path(tmp) / keys.EXPORT_PARQUET) if parquet else None
         lines = 0
         with jsonl.open("wb") as fh:
             for found in located(index, store, job, parts=parts):
-                taken.add(found)
+                if found.where is None and found.result.record.status is ImageStatus.cancelled:
+                    unrun.add(found.result)  # (in the index once its part is written)
+                else:
+                    taken.add(found)
                 line = found.result.to_line()
                 fh.write(json_line(line) + b"\n")
                 if writer is not None:
                     writer.add(line)
                 lines += 1
+        unrun.close()
         store.put_file(keys.export_object(job, keys.EXPORT_JSONL), jsonl, "application/x-ndjson")
         if writer is not None:
             writer.close()
@@ -104,11 +111,52 @@ def export_job(index: JobIndex, store: ResultStore, job: str) -> dict[str, Any]:
     store.put_json(keys.results_index(job), taken.document(parts, subs))
     marker = {"job": job, "exported": True, "lines": lines, "counts": counts, "files": files,
               "written": time.time()}
+    if cancelled_at is not None:  # what finished is here; the rest never ran
+        marker["cancelled"] = True
+        marker["cancelled_at"] = cancelled_at
     store.put_json(keys.export_object(job, keys.EXPORT_SUCCESS), marker)
-    # its store requests, as S3 bills them: a PUT per file (the index, the marker), a GET per
-    # part read (and the index)
-    index.add_requests(job, len(files) + 2, len(parts.sizes) + 1)
+    # its store requests, as S3 bills them: a PUT per file (the index, the marker, the cancelled
+    # images' parts), a GET per part read (and the index)
+    index.add_requests(job, len(files) + 2 + unrun.written, len(parts.sizes) - unrun.written + 1)
     return marker
+
+
+class _CancelledParts:
+    """Cancelled images' documents (their records: ref, row, own task and params), written as
+    result parts of ``CANCELLED_PART_LINES`` lines as the export walks the job."""
+
+    def __init__(self, index: JobIndex, store: ResultStore, job: str, parts: Parts, taken: IndexWriter) -> None:
+        self.index, self.store, self.job, self.parts, self.taken = index, store, job, parts, taken
+        self.written = 0
+        self._pending: list[ImageResult] = []
+
+    def add(self, result: ImageResult) -> None:
+        """``result`` into the part being filled (written once it is full, or at ``close``)."""
+        self._pending.append(result)
+        if len(self._pending) >= CANCELLED_PART_LINES:
+            self._write()
+
+    def close(self) -> None:
+        if self._pending:
+            self._write()
+
+    def _write(self) -> None:
+        body = b"\n".join(r.document_json() for r in self._pending) + b"\n"
+        for _ in range(64):  # a number Redis handed out twice (a failover) is taken: the next one
+            epoch, n = self.index.new_part(self.job)
+            path = keys.result_part(self.job, epoch, n)
+            try:
+                self.store.put_many([(path, body)], new=(path,))
+                break
+            except NameTaken:
+                continue
+        else:
+            raise NameTaken(f"job={self.job}: no free result part for its cancelled images")
+        for line, result in enumerate(self._pending):
+            self.taken.add(Located(result, (path, line)))
+        self.parts.sizes[path] = len(self._pending)
+        self.written += 1
+        self._pending = []
 
 
 class _ParquetWriter:

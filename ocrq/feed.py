@@ -64,14 +64,32 @@ Line = tuple[str, str, dict[str, Any] | None]  # image id, ref, manifest row
 #: submission's); a shard line carries it as a fourth element when set
 Spec = dict[str, Any] | None
 
-# KEYS: feed hash, images hash, counts hash, feeding set. ARGV: cursor field, the shard the caller
-# read, the submission's shard count, job name, n ids, ids..., then (list, ring, message) triples.
-# Publishes the shard's messages and moves the cursor, only if the cursor is still at that shard;
-# marks its images published. Returns how many images were marked, or -1 (fed by someone else).
+# KEYS: feed hash, images hash, counts hash, feeding set, job meta hash. ARGV: cursor field, the
+# shard the caller read, the submission's shard count, job name, n ids, ids..., then (list, ring,
+# message) triples. Publishes the shard's messages and moves the cursor, only if the cursor is
+# still at that shard; marks its images published. A cancelled job's shard publishes nothing: its
+# queued images become "x" (cancelled). Returns how many images were marked, or -1 (fed by
+# someone else).
 _FEED_LUA = """
 local at = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if at ~= tonumber(ARGV[2]) then return -1 end
 local n = tonumber(ARGV[5])
+if redis.call('HEXISTS', KEYS[5], 'cancelled') == 1 then
+  local x = 0
+  for i = 6, 5 + n do
+    local v = redis.call('HGET', KEYS[2], ARGV[i])
+    if v and string.sub(v, 1, 1) == 'q' then
+      redis.call('HSET', KEYS[2], ARGV[i], 'x')
+      x = x + 1
+    end
+  end
+  if x > 0 then
+    redis.call('HINCRBY', KEYS[3], 'queued', -x)
+    redis.call('HINCRBY', KEYS[3], 'cancelled', x)
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], at + 1)
+  return 0
+end
 local marked = 0
 for i = 6, 5 + n do
   local v = redis.call('HGET', KEYS[2], ARGV[i])
@@ -213,8 +231,11 @@ class Feed:
         published = 0
         left = False
         subs = self.submissions(job)
+        # a cancelled job's shards publish nothing (the feed script cancels what they hold): no window
+        room = (lambda: True) if self.index.cancelled_at(job) is not None else (
+            lambda: self.index.window(job) + WINDOW <= self.window)
         for sub in subs:
-            while sub.fed < sub.written and self.index.window(job) + WINDOW <= self.window:
+            while sub.fed < sub.written and room():
                 n = self.feed_shard(job, sub, sub.fed)
                 published += max(n, 0)
                 sub.fed += 1
@@ -248,8 +269,8 @@ class Feed:
                            *(it.id for it in todo)]
         for msg in sink:
             args += [msg.list_key, msg.ring_key, msg.payload]
-        n = int(self._feed(keys=[keys.job_feed(job), keys.job_images(job), keys.job_counts(job), keys.FEEDING],
-                           args=args))
+        n = int(self._feed(keys=[keys.job_feed(job), keys.job_images(job), keys.job_counts(job), keys.FEEDING,
+                                 keys.job(job)], args=args))
         if n >= 0:
             log.debug("fed job=%s submission=%s shard=%d: %d image(s) in %d chunk(s)", job, sub.sub, window,
                      len(todo), len(sink))

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ocrq import keys
+from ocrq import keys, names
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.scripts import PastMaxmemory
 
@@ -29,8 +29,13 @@ from ocrq.scripts import PastMaxmemory
 # or ""), then (id, status, cached, doc, engine_s, batch_size) per image.
 # A record is a short marker unless a worker is on the image: "q{owner}" queued, no message yet
 # (the submission's shard is its feed: ocrq.feed); "p" queued in a message; "d{part}"/"c{part}"
-# done (engine / cache); "f{part}" failed; running and retrying images hold their ImageRecord
-# JSON (``doc``). A final image's full record is its document, in that part (ocrq.parts).
+# done (engine / cache); "f{part}" failed; "x" cancelled (it never ran); running and retrying
+# images hold their ImageRecord JSON (``doc``). A final image's full record is its document, in
+# that part (ocrq.parts).
+# A cancelled job (its meta has ``cancelled``): what has not started never runs. A worker's
+# "running" (or "retrying", "queued") for an image that is not running turns it "x" and says 0
+# (the worker skips it); a running image's outcome stands, but a retry becomes "x"; a submit
+# records new images as "x" (no shard line).
 # Modes: "submit" records new images (never resets one) and says which need its submission's
 # shard: new ones, and those it recorded before without publishing them (a resumed submit);
 # "update" (the workers) never rewrites a done image: the first done stands (a chunk run again
@@ -38,17 +43,18 @@ from ocrq.scripts import PastMaxmemory
 # records left Redis: a stale redelivery is ignored); an image without a record in a job that is
 # not archived (a message from elsewhere) is recorded; "force" (reprocess) writes
 # whatever is there, queued ones as published; "reopen" (reprocess of an archived job) is force
-# for images whose record left with the archive: they were failed.
+# for images whose record left with the archive: they were failed ("reopen-cancelled": cancelled).
 # Returns one flag per item: 1 = written (submit: needs a shard line), 0 = left alone.
 _RECORD_LUA = """
 local now, ttl, mode, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_puts', ARGV[5]) end
 if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_gets', ARGV[6]) end
-local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued'}
+local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued', x = 'cancelled'}
 local part = ARGV[7]
 local out = {}
 local opened = false
 local archived = redis.call('HEXISTS', KEYS[4], 'archived') == 1
+local cancelled = redis.call('HEXISTS', KEYS[4], 'cancelled') == 1
 for i = 8, #ARGV, 6 do
   local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
@@ -67,21 +73,36 @@ for i = 8, #ARGV, 6 do
     end
   elseif mode == 'reopen' then
     ost = 'failed'
+  elseif mode == 'reopen-cancelled' then
+    ost = 'cancelled'
   end
   local write = true
   if mode == 'submit' then
     write = (old == false)
-    out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
-  else
-    if mode == 'update' and ((old == false and archived) or ost == 'done') then
-      write = false
+    if cancelled then
+      st = 'cancelled'
+      out[#out + 1] = 0
+    else
+      out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
     end
-    out[#out + 1] = write and 1 or 0
+  else
+    local flag = nil
+    if mode == 'update' and ((old == false and archived) or ost == 'done' or ost == 'cancelled') then
+      write = false
+    elseif mode == 'update' and cancelled and st ~= 'done' and st ~= 'failed' then
+      -- not started (or a retry of one that ran): it never runs
+      if ost ~= 'running' or st == 'retrying' then
+        st = 'cancelled'
+        flag = 0
+      end
+    end
+    out[#out + 1] = flag or (write and 1 or 0)
   end
   if write then
     local value = doc
     if st == 'done' then value = ((cached == '1') and 'c' or 'd') .. part
     elseif st == 'failed' then value = 'f' .. part
+    elseif st == 'cancelled' then value = 'x'
     elseif st == 'queued' then value = (mode == 'submit') and ('q' .. owner) or 'p' end
     redis.call('HSET', KEYS[1], id, value)
     if opub then redis.call('HINCRBY', KEYS[2], 'published', -1) end
@@ -123,9 +144,10 @@ return out
 # meta and counts stay. -1: images came in while the export ran without a submission (a chunk
 # whose records Redis lost, redelivered): that export is stale.
 _ARCHIVE_LUA = """
-local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed')
+local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed', 'cancelled')
 local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
-if done + failed < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
+local cancelled = tonumber(c[4] or '0')
+if done + failed + cancelled < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 if total ~= tonumber(ARGV[1]) then return -1 end
 redis.call('HSET', KEYS[4], 'archived', '1')
 redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
@@ -141,15 +163,58 @@ if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) en
 return {redis.call('HGET', KEYS[1], 'epoch'), n}
 """
 
+# KEYS: images hash, counts hash, meta hash. ARGV: image ids. A cancelled job's images that
+# have not started become "x" (cancelled): queued ones (in a message or not) and retrying ones
+# (their retry message is skipped when it comes); running and final ones are left as they are.
+# Returns how many were cancelled.
+_CANCEL_LUA = """
+if redis.call('HEXISTS', KEYS[3], 'cancelled') == 0 then return 0 end
+local n = 0
+for i = 1, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v then
+    local head = string.sub(v, 1, 1)
+    local was = false
+    if head == 'q' then was = 'queued'
+    elseif head == 'p' then
+      was = 'queued'
+      redis.call('HINCRBY', KEYS[2], 'published', -1)
+    elseif head == '{' then
+      local st = cjson.decode(v)['status']
+      if st == 'retrying' or st == 'queued' then was = st end
+    end
+    if was then
+      redis.call('HSET', KEYS[1], ARGV[i], 'x')
+      redis.call('HINCRBY', KEYS[2], was, -1)
+      redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
+      n = n + 1
+    end
+  end
+end
+return n
+"""
+
 _BATCH = 500
+#: image ids per call of the cancel script
+_CANCEL_BATCH = 1000
 _IN_WORK = (ImageStatus.running, ImageStatus.retrying)
 #: what a marker says (the record Lua's ``marks``)
 MARKS = {"d": ImageStatus.done, "c": ImageStatus.done, "f": ImageStatus.failed, "p": ImageStatus.queued,
-         "q": ImageStatus.queued}
+         "q": ImageStatus.queued, "x": ImageStatus.cancelled}
 #: counts fields that are not image statuses (what the job cost; see ``ocrq.jobcost``)
 COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done", "store_puts", "store_gets")
 #: counts fields that are neither statuses nor cost: queued images in a message (the feed window)
 WINDOW_FIELDS = ("published",)
+
+
+def settled(counts: dict[str, int]) -> int:
+    """Images of the job that are final: done, failed or cancelled."""
+    return counts.get("done", 0) + counts.get("failed", 0) + counts.get("cancelled", 0)
+
+
+def finished(counts: dict[str, int]) -> bool:
+    """Whether every image of the job is final (done, failed or cancelled)."""
+    return settled(counts) >= counts["total"]
 
 
 class JobIndex:
@@ -161,15 +226,20 @@ class JobIndex:
         self._update = PastMaxmemory(redis, _RECORD_LUA)
         self._archive = redis.register_script(_ARCHIVE_LUA)
         self._new_part = PastMaxmemory(redis, _NEW_PART_LUA)
+        # cancelling finishes accepted work (it only shrinks what is left): past maxmemory too
+        self._cancel = PastMaxmemory(redis, _CANCEL_LUA)
 
     # --- writes ----------------------------------------------------------------------------
 
     def create(self, job: str, meta: dict[str, Any]) -> None:
         now = time.time()
+        tenant_jobs = keys.tenant_jobs(names.tenant_of(job))
         pipe = self.redis.pipeline()
         pipe.zadd(keys.JOBS, {job: now}, nx=True)
-        # the list of jobs keeps those whose keys can still be alive (job_ttl): it never grows forever
+        pipe.zadd(tenant_jobs, {job: now}, nx=True)
+        # the lists of jobs keep those whose keys can still be alive (job_ttl): they never grow forever
         pipe.zremrangebyscore(keys.JOBS, "-inf", now - self.ttl)
+        pipe.zremrangebyscore(tenant_jobs, "-inf", now - self.ttl)
         pipe.hsetnx(keys.job(job), "created", now)
         pipe.hset(keys.job(job), mapping={k: json.dumps(v) for k, v in meta.items()})
         pipe.expire(keys.job(job), self.ttl)
@@ -241,7 +311,37 @@ class JobIndex:
                                        keys.job(job), keys.job_finishing(job), keys.job_feed(job)],
                                  args=[exported_total]))
 
+    def cancel(self, job: str) -> bool:
+        """Mark the job cancelled (True the first time): from now on none of its images that has
+        not started runs (the record script turns them "x"); ``cancel_pending`` counts the rest."""
+        return bool(self.redis.hsetnx(keys.job(job), "cancelled", json.dumps(time.time())))
+
+    def cancel_pending(self, job: str) -> int:
+        """Turn every image of the cancelled ``job`` that has not started into "cancelled", a
+        batch of ids per script call (HSCAN: bounded work per call, never the whole hash at
+        once); returns how many."""
+        n = 0
+        batch: list[bytes] = []
+        args = [keys.job_images(job), keys.job_counts(job), keys.job(job)]
+        for key, value in self.redis.hscan_iter(keys.job_images(job), count=_CANCEL_BATCH):
+            if value[:1] in (b"q", b"p", b"{"):
+                batch.append(key)
+            if len(batch) >= _CANCEL_BATCH:
+                n += int(self._cancel(keys=args, args=batch))
+                batch = []
+        if batch:
+            n += int(self._cancel(keys=args, args=batch))
+        return n
+
+    def uncancel(self, job: str) -> None:
+        """The job runs again (a reprocess of its cancelled images)."""
+        self.redis.hdel(keys.job(job), "cancelled")
+
     # --- reads -----------------------------------------------------------------------------
+
+    def cancelled_at(self, job: str) -> float | None:
+        raw = self.redis.hget(keys.job(job), "cancelled")
+        return None if raw is None else float(json.loads(raw))
 
     def exists(self, job: str) -> bool:
         return bool(self.redis.exists(keys.job(job)))
@@ -293,6 +393,18 @@ class JobIndex:
 
     def jobs(self) -> list[str]:
         return [j.decode() for j in self.redis.zrange(keys.JOBS, 0, -1)]
+
+    def jobs_of(self, tenant: str, start: int = 0, count: int = 50, newest_first: bool = True
+                ) -> list[tuple[str, float]]:
+        """(job, created) of one tenant's jobs, a page of them (``start``: how many to pass)."""
+        end = start + count - 1
+        key = keys.tenant_jobs(tenant)
+        pairs = (self.redis.zrevrange(key, start, end, withscores=True) if newest_first
+                 else self.redis.zrange(key, start, end, withscores=True))
+        return [(j.decode(), float(score)) for j, score in pairs]
+
+    def jobs_count(self, tenant: str) -> int:
+        return int(self.redis.zcard(keys.tenant_jobs(tenant)))
 
     def failed(self, job: str, since: float | None = None, limit: int | None = None) -> list[tuple[str, float]]:
         """(image id, failed at) in the job's failed registry, oldest first (empty once archived)."""

@@ -7,9 +7,14 @@ state is in the store. For each key: what it holds, then how it grows and what b
 
     ocrq:jobs                  ZSET  job name -> created (epoch s)
         per job; members older than job_ttl are trimmed at each create
+    ocrq:tenant:{tenant}:jobs  ZSET  the tenant's jobs -> created (the API's list, newest first;
+                                     ``ocrq.names``: the default tenant's jobs are unqualified)
+        per job of the tenant; members older than job_ttl are trimmed at each create
     ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
                                      there), exports, skipped (+ sample), created, archived,
-                                     epoch and parts (the result parts' names: ocrq.parts)
+                                     epoch and parts (the result parts' names: ocrq.parts),
+                                     cancelled (when), and what the API keeps of a job (webhook
+                                     URL, metadata, kind: ``api``)
         per job; job_ttl (30 d)
     ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
                                      batches, last_done (what it cost); exact (one Lua script)
@@ -132,6 +137,11 @@ HOT_STATE = PREFIX + "hot"
 
 def job(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}"
+
+
+def tenant_jobs(tenant: str) -> str:
+    """The tenant's jobs by creation time (``ocrq.names``: a tenant's job names are qualified)."""
+    return f"{PREFIX}tenant:{tenant}:jobs"
 
 
 def job_images(job_name: str) -> str:

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from ocrq import keys
 from ocrq.errors import OcrqError
-from ocrq.jobs import JobIndex
+from ocrq.jobs import JobIndex, finished
 from ocrq.parts import results as job_results
 from ocrq.redact import redact_text
 from ocrq.results import ImageResult, ImageStatus, json_line
@@ -76,6 +76,11 @@ def result_line(result: ImageResult) -> tuple[bool, dict[str, Any]]:
                                     "body": chat_completion(result)},
                        "error": None}
     err = rec.error
+    if rec.status is ImageStatus.cancelled:
+        return True, {"id": f"batch_req_{rec.id}", "custom_id": cid,
+                      "response": {"status_code": 499, "request_id": f"req_{rec.id}", "body": None},
+                      "error": {"code": "batch_cancelled",
+                                "message": "the batch was cancelled before this request ran"}}
     code, message = (err.type, err.message) if err else ("Unknown", "failed without a recorded error")
     status = 500 if code in _SERVER_SIDE or (err is not None and err.retryable) else 400
     return True, {"id": f"batch_req_{rec.id}", "custom_id": cid,
@@ -146,7 +151,7 @@ def export_to_store(index: JobIndex, store: ResultStore, job: str) -> dict[str, 
     """Write the job's OpenAI Batch files to the store (``keys.openai_export_object``): what is
     final now; then, when every image is, the ``_SUCCESS`` marker (a stale one goes first)."""
     counts = index.counts(job)
-    complete = counts["done"] + counts["failed"] >= counts["total"] and not index.redis.exists(
+    complete = finished(counts) and not index.redis.exists(
         keys.job_submitting(job))
     store.delete(keys.openai_export_object(job, keys.EXPORT_SUCCESS))
     with tempfile.TemporaryDirectory(prefix="ocrq-openai-") as tmp:

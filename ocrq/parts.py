@@ -41,8 +41,8 @@ from typing import Any
 
 from ocrq import gcpause, keys
 from ocrq.errors import MissingObject
-from ocrq.feed import Line, Submission, shard_lines, submissions
-from ocrq.jobs import MARKS, JobIndex
+from ocrq.feed import Line, Spec, Submission, shard_specs, submissions
+from ocrq.jobs import MARKS, JobIndex, finished
 from ocrq.redact import redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.storage import ResultStore
@@ -140,7 +140,7 @@ def located(index: JobIndex, store: ResultStore, job: str, batch: int = _LOAD_BA
     # a finished job may be archived while it is read (its markers and shards go): what was
     # read is remembered (8 bytes an image), and the rest comes through the index then
     counts = index.counts(job)
-    seen = _Seen() if counts["done"] + counts["failed"] >= counts["total"] else None
+    seen = _Seen() if finished(counts) else None
     try:
         for found in _walk(index, parts, job, batch, seen is not None, skip):
             if seen is not None:
@@ -200,16 +200,16 @@ def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool,
     # with an index, what the walk took from Redis (in flight: bounded) is skipped there
     taken: set[str] | None = set() if prior is not None else None
     seen = 0
-    for lines in _shard_batches(parts.store, job, subs, batch, (lambda: index.archived(job)) if finished else None):
+    for pairs in _shard_batches(parts.store, job, subs, batch, (lambda: index.archived(job)) if finished else None):
         if taken is not None:
-            taken.update(i for i, _, _ in lines)
-        seen += len(lines)
+            taken.update(i for (i, _, _), _ in pairs)
+        seen += len(pairs)
         if skip is not None:
-            lines = [line for line in lines if not skip(line[0])]
-        values = index.raw(job, [i for i, _, _ in lines])
+            pairs = [pair for pair in pairs if not skip(pair[0][0])]
+        values = index.raw(job, [i for (i, _, _), _ in pairs])
         if finished and None in values and index.archived(job):
             raise _ArchivedMeanwhile
-        yield from _by_marker(parts, job, epoch, lines, values)
+        yield from _by_marker(parts, job, epoch, pairs, values)
     if prior is not None and taken is not None:
         left_out = taken.__contains__ if skip is None else (lambda i: i in taken or skip(i))
         for found in _through_index(index, parts, job, epoch, prior, left_out, batch):
@@ -219,16 +219,16 @@ def _walk(index: JobIndex, parts: Parts, job: str, batch: int, finished: bool,
             yield found
     if seen < in_redis:  # records no shard names (a chunk published by something else)
         if taken is None:
-            taken = {i for part in _shard_batches(parts.store, job, subs, batch) for i, _, _ in part}
+            taken = {i for part in _shard_batches(parts.store, job, subs, batch) for (i, _, _), _ in part}
         yield from _unsharded(index, parts, job, epoch, taken, batch, skip)
 
 
 def _shard_batches(store: ResultStore, job: str, subs: list[Submission], batch: int,
-                   archived: Callable[[], bool] | None = None) -> Iterator[list[Line]]:
+                   archived: Callable[[], bool] | None = None) -> Iterator[list[tuple[Line, Spec]]]:
     for sub in subs:
         for window in range(sub.written):
             try:
-                lines = shard_lines(store, job, sub, window)
+                lines = shard_specs(store, job, sub, window)
             except MissingObject:
                 if archived is not None and archived():  # (its shards go with the archive)
                     raise _ArchivedMeanwhile from None
@@ -242,19 +242,19 @@ def _epoch(index: JobIndex, job: str) -> str | None:
     return None if raw is None else str(json.loads(raw))
 
 
-def _by_marker(parts: Parts, job: str, epoch: str | None, lines: list[Line],
+def _by_marker(parts: Parts, job: str, epoch: str | None, lines: list[tuple[Line, Spec]],
                values: list[bytes | None]) -> list[Located]:
-    paths = [part_of(job, epoch, i, v) for (i, _, _), v in zip(lines, values, strict=True)]
+    paths = [part_of(job, epoch, i, v) for ((i, _, _), _), v in zip(lines, values, strict=True)]
     parts.load(p for p in paths if p is not None)
     out: list[Located] = []
     with gcpause.paused():
-        for (image_id, ref, row), value, path in zip(lines, values, paths, strict=True):
-            out.append(_resolve(parts, job, image_id, ref, row, value, path))
+        for ((image_id, ref, row), spec), value, path in zip(lines, values, paths, strict=True):
+            out.append(_resolve(parts, job, image_id, ref, row, value, path, spec))
     return out
 
 
 def _resolve(parts: Parts, job: str, image_id: str, ref: str, row: dict[str, Any] | None,
-             value: bytes | None, path: str | None) -> Located:
+             value: bytes | None, path: str | None, spec: Spec = None) -> Located:
     found = parts.find(path, image_id) if path is not None else None
     if found is not None and path is not None:
         return Located(found[1], (path, found[0]))
@@ -263,7 +263,7 @@ def _resolve(parts: Parts, job: str, image_id: str, ref: str, row: dict[str, Any
     # queued, or final without its document (lost from the store): what the marker and shard say
     status = MARKS.get(value.decode()[:1], ImageStatus.queued) if value else ImageStatus.queued
     return Located(ImageResult(record=ImageRecord(id=image_id, job=job, ref=redact_url(ref), status=status,
-                                                  row=row)))
+                                                  row=row), spec=spec))
 
 
 def _through_index(index: JobIndex | None, parts: Parts, job: str, epoch: str | None, prior: dict[str, Any],

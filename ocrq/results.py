@@ -27,10 +27,13 @@ class ImageStatus(StrEnum):
     done = "done"
     #: permanent error, or attempts exhausted; listed in the failed registry
     failed = "failed"
+    #: its job was cancelled before a worker started on it: it never ran (``ocrq reprocess``
+    #: runs it again)
+    cancelled = "cancelled"
 
     @property
     def final(self) -> bool:
-        return self in (ImageStatus.done, ImageStatus.failed)
+        return self in (ImageStatus.done, ImageStatus.failed, ImageStatus.cancelled)
 
 
 class OcrLine(BaseModel):
@@ -94,10 +97,17 @@ class ImageResult(BaseModel):
 
     record: ImageRecord
     outputs: list[OcrOutput] = Field(default_factory=list)
+    #: a cancelled image's own task and params (``{"task", "params"}``: an OpenAI Batch line's),
+    #: kept so ``ocrq reprocess`` runs it as submitted; None otherwise (left out of its JSON)
+    spec: dict[str, Any] | None = None
 
     @property
     def text(self) -> str:
         return "\n\f\n".join(o.text for o in self.outputs)
+
+    def document_json(self) -> bytes:
+        """The document as a result part's line holds it (``spec`` only when set)."""
+        return self.model_dump_json(exclude=None if self.spec is not None else {"spec"}).encode()
 
     def to_line(self) -> dict[str, Any]:
         """The flat line `ocrq submit --out` and `ocrq results` write."""

@@ -16,7 +16,6 @@ re-publishes images that are not finished; finished ones are left alone.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -31,23 +30,21 @@ from ocrq.intake import IntakePlan, plan_intake
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
     FINISH_JOB_TASK,
-    OCR_CHUNK_TASK,
     Chunk,
     Item,
     check_task,
     checked_message,
-    chunk_argsrepr,
     message_bytes,
 )
 from ocrq.parts import read_index
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text
-from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from producer.acked import acknowledged
 from producer.errors import (
     BrokerFull,
+    Conflict,
     InvalidName,
     ParamsTooLarge,
     SubmissionRefused,
@@ -154,6 +151,9 @@ class Client:
         if params_size > self.settings.queue.max_message_bytes // 4:
             raise ParamsTooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"
                            f" ({self.settings.queue.max_message_bytes}): pass large inputs by reference")
+        if self.index.cancelled_at(job) is not None:
+            raise Conflict(f"job {job} was cancelled: `ocrq reprocess --job {job}` runs what it did not, "
+                           "or submit under another name")
         plan = refs if isinstance(refs, IntakePlan) else self.plan(refs)
         try:
             if plan.refused:
@@ -226,6 +226,8 @@ class Client:
         for n, window in enumerate(read_entries(plan.items())):
             if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
                 continue
+            if self.index.cancelled_at(job) is not None:  # cancelled meanwhile: the rest is not submitted
+                break
             lines = [(keys.image_id(job, ref, row), ref, row, spec) for ref, row, spec in window]
             new_here = sum(self.index.record_queued(job, [line[0] for line in lines if line[0] not in final],
                                                     sub.ordinal))
@@ -290,44 +292,19 @@ class Client:
     def reprocess_failed(self, job: str | None = None, *, error: str | None = None,
                          dry_run: bool = False) -> int:
         """Re-publish failed images (optionally one error type) with a fresh attempt budget, on
-        each job's own queue and priority; returns how many (would be, with ``dry_run``)."""
-        from ocrq.failed import FailedImage, registered
+        each job's own queue and priority, and a named job's cancelled images
+        (``producer.reprocess``); returns how many (would be, with ``dry_run``)."""
+        from producer.reprocess import reprocess
 
-        by_job: dict[str, list[FailedImage]] = {}
-        for f in registered(self.index, self.store, job, error):
-            by_job.setdefault(f.record.job, []).append(f)
-        if dry_run:
-            return sum(len(recs) for recs in by_job.values())
-        n = 0
-        stamp = str(int(time.time()))
-        size = self.settings.queue.chunk_size
-        with self.app.producer_or_acquire() as producer:
-            for j, failed in by_job.items():
-                records = [f.record for f in failed]
-                meta = self.index.meta(j)
-                invalidate(self.redis, self.store, j)  # new work: the job's export no longer describes it
-                queued = [ImageRecord(id=r.id, job=j, ref=r.ref, status=ImageStatus.queued, row=r.row)
-                          for r in records]
-                # an archived job's failed images have no record left: "reopen" counts them back
-                self.index.record(queued, mode="reopen" if self.index.archived(j) else "force")
-                # their failed mirrors go before any is published: a failure again writes a new one
-                self.store.delete_many(keys.failed_object(j, r.id) for r in records)
-                # each image again with the task and params it ran with (its own, an OpenAI Batch
-                # line's, or the job's)
-                items = [Item(id=f.record.id, ref=f.record.ref, row=f.record.row, **f.own_spec(meta)) for f in failed]
-                for start in range(0, len(items), size):
-                    part = items[start:start + size]
-                    chunk = Chunk(job=j, task=meta.get("task", "text"), params=meta.get("params", {}), items=part,
-                                  priority=meta.get("priority") or 0)
-                    message = chunk.to_message()
-                    self.app.send_task(
-                        OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
-                        task_id=keys.chunk_id(j, part[0].id, len(part)) + "-r" + stamp,
-                        queue=meta.get("queue") or self.settings.queue.name, priority=meta.get("priority"),
-                        producer=producer,
-                    )
-                n += len(items)
-        return n
+        return reprocess(self, job, error=error, dry_run=dry_run)
+
+    def cancel(self, job: str) -> dict[str, int]:
+        """Cancel ``job``: its images not yet started never run, running ones finish and are
+        kept, and the job ends ``cancelled`` with its export of what finished
+        (``producer.reprocess``). Returns its counts."""
+        from producer.reprocess import cancel
+
+        return cancel(self, job)
 
     def job(self, name: str) -> Job:
         """A handle on an existing job (``UnknownJob`` if there is none by that name)."""

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ocrq import keys
 from ocrq.export import results as export_results
 from ocrq.intake import IntakePlan
-from ocrq.jobs import JobIndex
+from ocrq.jobs import JobIndex, finished
 from ocrq.results import ImageRecord, ImageResult
 from ocrq.storage import ResultStore
 from producer.errors import UnknownJob
@@ -30,6 +30,8 @@ class JobSource(Protocol):
 
     @property
     def store(self) -> ResultStore: ...
+
+    def cancel(self, job: str) -> dict[str, int]: ...
 
 
 class Job:
@@ -63,13 +65,19 @@ class Job:
         """Counts per status plus ``total`` and ``cached`` (exact, from the job index)."""
         return self.client.index.counts(self.name)
 
+    def cancel(self) -> dict[str, int]:
+        """Cancel the job (``Client.cancel``): what has not started never runs; its counts."""
+        return self.client.cancel(self.name)
+
+    def cancelled(self) -> bool:
+        return self.client.index.cancelled_at(self.name) is not None
+
     def submitting(self) -> bool:
         """Whether a producer is writing a submission of this job (it cannot finish meanwhile)."""
         return bool(self.client.redis.exists(keys.job_submitting(self.name)))
 
     def finished(self) -> bool:
-        c = self.status()
-        return c["done"] + c["failed"] >= c["total"]
+        return finished(self.status())
 
     def wait(self, timeout: float | None = None, poll: float = 0.5,
              on_progress: Callable[[dict[str, int]], None] | None = None) -> dict[str, int]:
@@ -78,7 +86,7 @@ class Job:
             counts = self.status()
             if on_progress:
                 on_progress(counts)
-            if counts["done"] + counts["failed"] >= counts["total"]:
+            if finished(counts):
                 return counts
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.name}: {counts}")

@@ -30,6 +30,7 @@ from ocrq.errors import OcrqError, RefusedRef, TooLarge
 from ocrq.fetch import fetch
 from ocrq.inline_images import InlineImages, is_data_uri
 from ocrq.intake import IntakePlan, check_ref
+from ocrq.jobs import finished
 from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
 from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
@@ -160,7 +161,7 @@ def write_files(client: Client, job: str, out: Path, *, follow: bool = False, po
             files.add(True, envelope)
         while True:
             counts = handle.status()  # before reading: all final then means all read final
-            done = counts["done"] + counts["failed"] >= counts["total"] and not handle.submitting()
+            done = finished(counts) and not handle.submitting()
             # only the parts of images not written yet are read (parts never change): a pass
             # costs the job's markers and refs shards, not its documents
             for image_id, is_error, envelope in final_lines(handle.results(skip=written.__contains__)):

@@ -72,7 +72,7 @@ def store_documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult],
     if not docs:
         put([], ())
         return None, []
-    body = b"\n".join(d.model_dump_json().encode() for d in docs) + b"\n"
+    body = b"\n".join(d.document_json() for d in docs) + b"\n"
     items = {it.id: it for it in chunk.items}
     for _ in range(PART_TRIES):
         epoch, part = ctx.index.new_part(chunk.job)

@@ -40,8 +40,8 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     skipped = running.count(False)
     if skipped:
         # done already (a redelivery of a chunk whose results were written before its ack was
-        # lost), or its job archived: the result stands, the image is not run again
-        log.info("→ skip %s: %d image(s) already done or their job archived", tag, skipped)
+        # lost), its job archived, or cancelled: the result stands, the image is not run (again)
+        log.info("→ skip %s: %d image(s) already done, cancelled, or their job archived", tag, skipped)
         chunk = chunk.model_copy(update={"items": [it for it, ok in zip(chunk.items, running, strict=True) if ok]})
         if not chunk.items:
             return ChunkReport(skipped=skipped)
@@ -112,7 +112,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
         if ctx.feeder is not None:  # room in the job's window: the next shard may go out
             ctx.feeder.poke(chunk.job)
-        if report.done or report.failed:  # this chunk may have finished the job: export it once
+        # this chunk may have finished the job (a cancelled one: by skipping): export it once
+        if report.done or report.failed or report.skipped or report.retry:
             queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
             try:
                 request_export(ctx.redis, ctx.index, chunk.job, lambda tid: app.send_task(
