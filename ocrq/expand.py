@@ -119,14 +119,31 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
     if depth >= MAX_MANIFEST_DEPTH:
         yield _refused(ref.value, f"manifests nested deeper than {MAX_MANIFEST_DEPTH}: {ref.value}")
         return
-    for line_no, entry, extra in manifest_rows(lines, csv=suffix(ref.value) == ".csv"):
-        where = f"line {line_no} of {ref.value}"
+    yield from _rows(lines, ref.value, suffix(ref.value) == ".csv", limits, s3, here, depth, row, dirs)
+
+
+def _rows(lines: Iterator[str], name: str, csv: bool, limits: LimitSettings, s3: Any | None,
+          here: Path | str | None, depth: int, row: dict[str, Any] | None, dirs: dict[str, str]) -> Iterator[Entry]:
+    for line_no, entry, extra in manifest_rows(lines, csv=csv):
+        where = f"line {line_no} of {name}"
         if entry is None:
             yield _refused(where, f"no reference on {where}")
         elif extra and len(json.dumps(extra, default=str)) > MAX_ROW_BYTES:
             yield _refused(where, f"extra columns over {MAX_ROW_BYTES} bytes on {where}")
+        elif here is None and "://" not in entry and not entry.startswith("/"):
+            yield _refused(entry, f"a relative path on {where}: an uploaded manifest has no folder (give "
+                                  "absolute paths, s3:// keys or URLs)")
         else:
             yield from _expand(entry, limits, s3, here, depth + 1, extra or row, dirs)
+
+
+def expand_uploaded(path: Path, csv: bool, name: str, limits: LimitSettings,
+                    s3_client: Any | None = None) -> Iterator[Entry]:
+    """The rows of a manifest a caller uploaded (the API's): the file is the caller's input, not
+    a ref (its own path is not checked against the roots); its entries are checked as any are,
+    and a relative one is refused (it has no folder to resolve against). ``name``: what
+    messages call it."""
+    yield from _rows(local_lines(path), name, csv, limits, s3_client, None, 0, None, {})
 
 
 def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Iterator[Entry]:

@@ -31,12 +31,13 @@ import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from ocrq.errors import OcrqError, StorageUnavailable
-from ocrq.expand import Entry, expand_entries
+from ocrq.expand import Entry, expand_entries, expand_uploaded
 from ocrq.fetch import _public_addresses
 from ocrq.settings import LimitSettings
 
@@ -46,6 +47,15 @@ SAMPLE = 200
 _NAMED = 10_000
 ROOTS_HINT = ("allow the directory with OCRQ_LIMITS__ALLOWED_ROOTS='{roots}' for the producer and the "
               "workers (limits.allowed_roots), or restart the embedded stack with `ocrq down; ocrq up --allow {dir}`")
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """A manifest file a caller uploaded: where it was spooled, its format, what to call it."""
+
+    path: Path
+    csv: bool
+    name: str
 
 
 @dataclass
@@ -122,14 +132,18 @@ class IntakePlan:
 
 
 def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None,
-                worker_roots: Sequence[Path] | None = None) -> IntakePlan:
+                worker_roots: Sequence[Path] | None = None, uploaded: Uploaded | None = None) -> IntakePlan:
+    """``uploaded``: a manifest the caller sent (the API's), planned after ``inputs``."""
     plan = IntakePlan.new()
     seen: set[bytes] = set()
     named: dict[bytes, str] = {}
     hosts: dict[tuple[str, int], str | None] = {}
     roots = [Path(r) for r in worker_roots or ()]
     try:
-        for entry in expand_entries(inputs, limits, s3_client):
+        entries = expand_entries(inputs, limits, s3_client)
+        if uploaded is not None:
+            entries = chain(entries, expand_uploaded(uploaded.path, uploaded.csv, uploaded.name, limits, s3_client))
+        for entry in entries:
             if entry.kind == "ref":
                 reason = _check(entry, limits, roots, hosts)
                 if reason is not None:

@@ -40,9 +40,14 @@ class JobCost:
 
 def job_cost(index: JobIndex, job: str, gpu_hour_usd: float, put_usd_per_1000: float = 0.005,
              get_usd_per_1000: float = 0.0004) -> JobCost:
-    counts = index.counts(job)
-    cost = index.cost(job)
-    created = index.meta(job).get("created")
+    return cost_of(index.counts(job), index.cost(job), index.meta(job).get("created"), gpu_hour_usd,
+                   put_usd_per_1000, get_usd_per_1000)
+
+
+def cost_of(counts: dict[str, int], cost: dict[str, float], created: float | None, gpu_hour_usd: float,
+            put_usd_per_1000: float = 0.005, get_usd_per_1000: float = 0.0004) -> JobCost:
+    """``job_cost`` from what the index holds (``JobIndex.counts`` and ``cost``, the meta's
+    ``created``): a reader with those in hand (a page of jobs read in one pipeline) pays no more."""
     first = float(created) if created is not None else None
     last = cost["last_done"] or None
     wall = max(0.0, (last - first)) if first is not None and last is not None else 0.0

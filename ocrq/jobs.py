@@ -137,10 +137,14 @@ if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) en
 return out
 """
 
-# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash. ARGV: the
-# job's total when its export began. Archives the job when it is finished and its export was
-# asked for since its last new work (submit and reprocess clear the flag), and the export covers
-# every image: the per-image keys and its submissions go (UNLINK: freed off Redis's main thread),
+# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash, the events
+# hash and their due zset (ocrq.events). ARGV: the job's total when its export began, the job's
+# name, now. A job with a webhook (its meta's ``webhook``) archived for the first time since
+# its last new work gets its terminal event (job.completed / job.failed: some images failed /
+# job.cancelled; batch.completed / batch.cancelled) in the outbox.
+# Archives the job when it is finished and its export was asked for since its last new work
+# (submit and reprocess clear the flag), and the export covers every image: the per-image keys
+# and its submissions go (UNLINK: freed off Redis's main thread),
 # meta and counts stay. -1: images came in while the export ran without a submission (a chunk
 # whose records Redis lost, redelivered): that export is stale.
 _ARCHIVE_LUA = """
@@ -149,8 +153,24 @@ local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumb
 local cancelled = tonumber(c[4] or '0')
 if done + failed + cancelled < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
 if total ~= tonumber(ARGV[1]) then return -1 end
+local first = redis.call('HEXISTS', KEYS[4], 'archived') == 0
 redis.call('HSET', KEYS[4], 'archived', '1')
 redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
+local url = redis.call('HGET', KEYS[4], 'webhook')
+if first and url then
+  -- the job's terminal event, in the outbox (ocrq.events) in the same step as its state
+  local n = redis.call('HINCRBY', KEYS[4], 'terminal', 1)
+  local kind = 'job'
+  local object = redis.call('HGET', KEYS[4], 'object')
+  if object and cjson.decode(object) == 'batch' then kind = 'batch' end
+  local what = 'completed'
+  if redis.call('HEXISTS', KEYS[4], 'cancelled') == 1 then what = 'cancelled'
+  elseif failed > 0 and kind == 'job' then what = 'failed' end
+  local id = ARGV[2] .. '#' .. n
+  redis.call('HSET', KEYS[7], id, cjson.encode({id = id, type = kind .. '.' .. what, job = ARGV[2],
+    url = cjson.decode(url), created = tonumber(ARGV[3]), attempts = 0}))
+  redis.call('ZADD', KEYS[8], ARGV[3], id)
+end
 return 1
 """
 
@@ -215,6 +235,29 @@ def settled(counts: dict[str, int]) -> int:
 def finished(counts: dict[str, int]) -> bool:
     """Whether every image of the job is final (done, failed or cancelled)."""
     return settled(counts) >= counts["total"]
+
+
+def parse_counts(raw: dict[bytes, bytes], records: int = 0) -> dict[str, int]:
+    """``JobIndex.counts`` from the counts hash as read (``records``: the images hash's length)."""
+    fields = {k.decode(): v for k, v in raw.items()}
+    counts = {s.value: 0 for s in ImageStatus}
+    counts.update({k: int(v) for k, v in fields.items() if k not in COST_FIELDS})
+    for field in WINDOW_FIELDS:
+        counts.pop(field, None)
+    counts["cached"] = counts.get("cached", 0)
+    # jobs recorded before the total was counted: their records are all there
+    counts["total"] = counts.get("total") or records
+    return counts
+
+
+def parse_cost(raw: dict[bytes, bytes]) -> dict[str, float]:
+    """``JobIndex.cost`` from the counts hash as read."""
+    return {k: float(raw.get(k.encode(), 0) or 0) for k in COST_FIELDS}
+
+
+def parse_meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """``JobIndex.meta`` from the meta hash as read."""
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
 
 
 class JobIndex:
@@ -308,8 +351,9 @@ class JobIndex:
         for (it is archived after its next export); -1 when its total moved while the export ran
         (the export is stale: the caller asks for another)."""
         return int(self._archive(keys=[keys.job_images(job), keys.job_counts(job), keys.job_failed(job),
-                                       keys.job(job), keys.job_finishing(job), keys.job_feed(job)],
-                                 args=[exported_total]))
+                                       keys.job(job), keys.job_finishing(job), keys.job_feed(job),
+                                       keys.EVENTS, keys.EVENTS_DUE],
+                                 args=[exported_total, job, time.time()]))
 
     def cancel(self, job: str) -> bool:
         """Mark the job cancelled (True the first time): from now on none of its images that has
@@ -347,8 +391,7 @@ class JobIndex:
         return bool(self.redis.exists(keys.job(job)))
 
     def meta(self, job: str) -> dict[str, Any]:
-        raw = self.redis.hgetall(keys.job(job))
-        return {k.decode(): json.loads(v) for k, v in raw.items()}
+        return parse_meta(self.redis.hgetall(keys.job(job)))
 
     def archived(self, job: str) -> bool:
         """Whether the job's per-image state has left Redis (read it from the store)."""
@@ -360,15 +403,7 @@ class JobIndex:
         pipe.hgetall(keys.job_counts(job))
         pipe.hlen(keys.job_images(job))
         raw, records = pipe.execute()
-        fields = {k.decode(): v for k, v in raw.items()}
-        counts = {s.value: 0 for s in ImageStatus}
-        counts.update({k: int(v) for k, v in fields.items() if k not in COST_FIELDS})
-        for field in WINDOW_FIELDS:
-            counts.pop(field, None)
-        counts["cached"] = counts.get("cached", 0)
-        # jobs recorded before the total was counted: their records are all there
-        counts["total"] = counts.get("total") or int(records)
-        return counts
+        return parse_counts(raw, int(records))
 
     def cost(self, job: str) -> dict[str, float]:
         """The cost fields of the job's counts (engine seconds, images and batches, last done)."""

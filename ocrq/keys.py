@@ -44,6 +44,30 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:hot:{generation}      HASH  cache key -> OcrOutput list JSON (hot copy)
         per cache entry; all generations together hold at most redis.cache_max_bytes (two live,
         worker.cache); cache_ttl
+    ocrq:events                HASH  webhook events not yet delivered nor given up: event id
+                                     ({job}#{n}) -> its JSON (type, job, url, attempts, payload
+                                     once built: ``ocrq.events``); written with the job's archive
+        per pending event; an event leaves once delivered or given up (api.webhook_retry_s)
+    ocrq:events:due            ZSET  pending event id -> when its next attempt is due (a deliverer
+                                     claims one by moving it a lease ahead)
+        per pending event, as above
+    ocrq:job:{job}:deliveries  LIST  the job's webhook attempts, newest first (JSON: event, type,
+                                     attempt, at, HTTP status or error, seconds)
+        per attempt; capped at 100 (LTRIM); job_ttl
+    ocrq:idempotency:{tenant}:{digest} STR  an Idempotency-Key's job and the digest of the request
+                                     that made it (``api``)
+        per key; api.idempotency_ttl_s (24 h)
+    ocrq:rate:{tenant}:{second} STR  the tenant's API requests in that second (``api``)
+        per tenant; 2 s
+    ocrq:tenant:{tenant}:active SET  the tenant's jobs that may have images in flight (the API's
+                                     check of ``max_in_flight``); a final job leaves when met
+        per running job of the tenant
+    ocrq:tenant:{tenant}:files ZSET  the tenant's uploaded files (OpenAI Files: ``api``) -> created
+        per file; members older than job_ttl trimmed at each upload
+    ocrq:file:{tenant}:{id}    HASH  one uploaded file: name, bytes, purpose, created, store path
+        per file; job_ttl
+    ocrq:tenant:{tenant}:batches ZSET  the tenant's OpenAI batches (each a job) -> created
+        per batch; members older than job_ttl trimmed at each create
     ocrq:workers:{hostname}    STR   governor/engine state for metrics, the worker's allowed roots
                                      (producers check local refs against them at submit) and its
                                      process (host, pid, var dir: ocrq up/down tell stacks apart)
@@ -88,6 +112,9 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
     {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
     {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
+    {prefix}files/{tenant}/{file id}        a file uploaded through the API (an OpenAI Batch input
+                                            file); deleted by ``DELETE /v1/files/{id}``, else kept
+                                            (the bucket's lifecycle rules bound it)
     {prefix}inputs/{sha256}                 an inline image (a ``data:`` URI of an OpenAI Batch line),
                                             content-addressed, submitted as ``store:inputs/{sha256}``
                                             (``ocrq.inline_images``)
@@ -142,6 +169,45 @@ def job(job_name: str) -> str:
 def tenant_jobs(tenant: str) -> str:
     """The tenant's jobs by creation time (``ocrq.names``: a tenant's job names are qualified)."""
     return f"{PREFIX}tenant:{tenant}:jobs"
+
+
+#: webhook events not yet delivered (event id -> JSON) and when each is due (ocrq.events)
+EVENTS = PREFIX + "events"
+EVENTS_DUE = PREFIX + "events:due"
+#: attempts kept per job in its deliveries list
+DELIVERIES_KEPT = 100
+
+
+def job_deliveries(job_name: str) -> str:
+    """The job's webhook attempts, newest first (ocrq.events)."""
+    return f"{PREFIX}job:{job_name}:deliveries"
+
+
+def idempotency(tenant: str, digest: str) -> str:
+    """An Idempotency-Key of ``tenant`` (``digest``: sha256 of the key) -> its job and request."""
+    return f"{PREFIX}idempotency:{tenant}:{digest}"
+
+
+def rate(tenant: str, second: int) -> str:
+    """``tenant``'s API requests in epoch second ``second``."""
+    return f"{PREFIX}rate:{tenant}:{second}"
+
+
+def tenant_active(tenant: str) -> str:
+    """The tenant's jobs that may still have images in flight."""
+    return f"{PREFIX}tenant:{tenant}:active"
+
+
+def tenant_files(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:files"
+
+
+def file_meta(tenant: str, file_id: str) -> str:
+    return f"{PREFIX}file:{tenant}:{file_id}"
+
+
+def tenant_batches(tenant: str) -> str:
+    return f"{PREFIX}tenant:{tenant}:batches"
 
 
 def job_images(job_name: str) -> str:
@@ -304,6 +370,11 @@ def openai_rejected_prefix(job_name: str) -> str:
 def openai_rejected(job_name: str, file_digest: str) -> str:
     """The error lines of the lines of one submitted OpenAI Batch file that could not run."""
     return f"{openai_rejected_prefix(job_name)}{file_digest}.jsonl"
+
+
+def uploaded_file(tenant: str, file_id: str) -> str:
+    """A file uploaded through the API (``POST /v1/files``): the tenant's own folder."""
+    return f"files/{tenant}/{file_id}"
 
 
 def inline_input(content_sha256: str) -> str:

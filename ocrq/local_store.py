@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ocrq.docbytes import dumps_doc
 from ocrq.errors import NameTaken, StorageUnavailable
@@ -75,6 +75,17 @@ class LocalStore:
             os.replace(tmp, target)
         except OSError as exc:
             raise StorageUnavailable(f"local store write {target}: {exc}") from exc
+
+    def open_file(self, path: str) -> BinaryIO | None:
+        try:
+            return self._path(path).open("rb")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageUnavailable(f"local store read {path}: {exc}") from exc
+
+    def delete_file(self, path: str) -> None:
+        self.delete(path)
 
     def delete(self, path: str) -> None:
         try:

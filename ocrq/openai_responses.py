@@ -169,8 +169,9 @@ def export_to_store(index: JobIndex, store: ResultStore, job: str) -> dict[str, 
                 files.add(True, envelope)
         store.put_file(keys.openai_export_object(job, keys.OPENAI_OUTPUT), out, "application/x-ndjson")
         store.put_file(keys.openai_export_object(job, keys.OPENAI_ERRORS), err, "application/x-ndjson")
+        sizes = {keys.OPENAI_OUTPUT: out.stat().st_size, keys.OPENAI_ERRORS: err.stat().st_size}
     marker = {"job": job, "complete": complete, "lines": files.lines, "error_lines": files.error_lines,
-              "counts": counts, "files": [keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS]}
+              "counts": counts, "files": [keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS], "bytes": sizes}
     if complete:
         store.put_json(keys.openai_export_object(job, keys.EXPORT_SUCCESS), marker)
     return marker

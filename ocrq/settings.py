@@ -272,6 +272,60 @@ class QueueSettings(BaseModel):
     time_limit: int = 1800
 
 
+class TenantSettings(BaseModel):
+    """One tenant of the HTTP API (``ocrq serve``): its tokens, limits and webhooks."""
+
+    #: sha256 (hex) of each of the tenant's bearer tokens (``ocrq token create`` makes one and
+    #: writes its digest to ``api.tenants_file``; a token itself is never stored)
+    tokens: list[str] = Field(default_factory=list)
+    #: signs the tenant's webhooks (Standard Webhooks, ``whsec_…``; ``ocrq token create`` makes one)
+    webhook_secret: SecretStr | None = None
+    #: where the tenant's job and batch events go when a job names no ``webhook_url``
+    webhook_url: str | None = None
+    #: images of the tenant's jobs not yet final, at most: a submission past it is refused (429)
+    max_in_flight: int = Field(default=1_000_000, ge=1)
+    #: API requests a second, across every ``ocrq serve`` replica (429 with Retry-After past it)
+    requests_per_s: float = Field(default=50.0, gt=0)
+    #: what refs the tenant's jobs may name. None: for the default tenant, what ``limits`` allows
+    #: (the CLI's rules); for any other, http(s) URLs only (no local files, no S3 read with the
+    #: fleet's credentials), unless set here
+    allowed_schemes: list[str] | None = None
+    #: buckets the tenant's ``s3://`` refs may read (None: the fleet's ``limits.s3_buckets``)
+    s3_buckets: list[str] | None = None
+    #: local roots the tenant's paths must lie in (None: the fleet's ``limits.allowed_roots``)
+    allowed_roots: list[Path] | None = None
+
+
+class ApiSettings(BaseModel):
+    """``ocrq serve``: the HTTP API (jobs, OpenAI Files and Batches, webhooks) and the jobs page."""
+
+    #: address and port it listens on (``ocrq up`` starts one on these)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    #: tenants by name (``ocrq.names``), merged with those of ``tenants_file``
+    tenants: dict[str, TenantSettings] = Field(default_factory=dict)
+    #: what ``ocrq token create`` writes (JSON, mode 0600) and every replica reads again when it
+    #: changes; None: ``{var_dir}/api-tenants.json``
+    tenants_file: Path | None = None
+    #: seconds between a webhook's attempts after the first (Standard Webhooks' schedule, ~27 h
+    #: in all); past the last it is given up, each attempt listed in the job's deliveries
+    webhook_retry_s: list[float] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0])
+    #: seconds a webhook receiver has to answer one attempt
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    #: webhook hosts let through although they resolve to private addresses (an internal receiver)
+    webhook_allow_hosts: list[str] = Field(default_factory=list)
+    #: this replica delivers webhooks (any number may: each event is claimed by one at a time)
+    deliver_webhooks: bool = True
+    #: how long an Idempotency-Key is remembered
+    idempotency_ttl_s: int = Field(default=86_400, ge=60)
+    #: the largest upload (a manifest, an OpenAI Batch file) accepted, in bytes (413 past it)
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    #: the jobs page's login cookie is sent over HTTPS only (None: when the request came over
+    #: HTTPS, or through a proxy that says so)
+    cookie_secure: bool | None = None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OCRQ_", env_nested_delimiter="__", extra="ignore", validate_default=True
@@ -299,6 +353,8 @@ class Settings(BaseSettings):
     metrics_addr: str = "0.0.0.0"
     #: price of one GPU-hour in dollars: `ocrq status JOB` turns engine seconds into cost
     gpu_hour_usd: float = 2.50
+    #: the HTTP API, ``ocrq serve``
+    api: ApiSettings = Field(default_factory=ApiSettings)
 
     @model_validator(mode="after")
     def _store_under_var_dir(self) -> Settings:

@@ -23,7 +23,7 @@ import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ocrq.docbytes import dumps_doc
 from ocrq.errors import NameTaken, StorageUnavailable
@@ -149,6 +149,12 @@ class SqliteStore:
     def put_file(self, path: str, local: Path, content_type: str) -> None:
         """A job's export file (large, read by other tools): a plain file under ``store.path``."""
         self._legacy.put_file(path, local, content_type)
+
+    def open_file(self, path: str) -> BinaryIO | None:
+        return self._legacy.open_file(path)
+
+    def delete_file(self, path: str) -> None:
+        self._legacy.delete(path)
 
     def delete_many(self, paths: Iterable[str]) -> None:
         for path in paths:  # (one statement each: deletes are rare, a reprocess or an archive)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
+from urllib.request import urlopen
 
 import redis
 
@@ -231,6 +232,8 @@ class Stack:
             argv, flower_env = flower_argv(self.settings, auth, address="127.0.0.1")
             self._spawn("flower", argv, {**env, **flower_env})
         status["flower"] = f"http://127.0.0.1:{self.settings.flower_port} (basic auth: {where})"
+        if self.settings.api.port:
+            status["api"] = self._start_api(env)
         if self.settings.metrics_port and workers is None:
             status["metrics"] = f"http://127.0.0.1:{self.settings.metrics_port}/metrics"
         for plan in plans:
@@ -238,6 +241,28 @@ class Stack:
         if not self.pid("flower"):  # e.g. its port taken: say so rather than print its URL
             raise RuntimeError(f"Flower exited; see {self.log_dir / 'flower.log'}")
         return status
+
+    def _start_api(self, env: dict[str, str]) -> str:
+        """``ocrq serve`` on loopback, with a token of the default tenant made once into
+        ``{var}/api-token`` (mode 0600), as Flower's password is."""
+        token_file = self.var / "api-token"
+        api = self.settings.api
+        url = f"http://{api.host}:{api.port}"
+        if not self.pid("api"):
+            self._spawn("api", [sys.executable, "-m", "ocrq_cli", "serve", "--token-file", str(token_file)],
+                        {**env, "OCRQ_API__HOST": api.host, "OCRQ_API__PORT": str(api.port)})
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urlopen(f"{url}/healthz", timeout=1):
+                    break
+            except OSError:
+                if not self.pid("api"):
+                    raise RuntimeError(f"the API exited; see {self.log_dir / 'api.log'}") from None
+                if time.time() > deadline:
+                    raise RuntimeError(f"the API did not answer on {url}; see {self.log_dir / 'api.log'}") from None
+                time.sleep(0.2)
+        return f"{url} (docs {url}/docs; bearer token: {token_file})"
 
     def _refuse_conflicts(self, url: str, plans: list[WorkerPlan]) -> None:
         """``StackConflict`` when a worker this stack would start already runs on ``url`` from
@@ -357,10 +382,12 @@ class Stack:
         # redis last: the workers flush on shutdown
         ha = sorted(p.stem for p in self.run_dir.glob("sentinel-*.pid")) + \
             sorted(p.stem for p in self.run_dir.glob("redis-[0-9].pid"))
-        for name in ("flower", *(self.worker_services() or ["worker"]), "redis-cache", *(ha or ["redis"])):
+        for name in ("api", "flower", *(self.worker_services() or ["worker"]), "redis-cache", *(ha or ["redis"])):
             pid = self.pid(name)
             if pid is None and (name == "redis-cache" or name in ha) and not self._pidfile(name).exists():
                 continue  # this stack runs its hot cache beside the broker
+            if pid is None and name == "api" and not self._pidfile(name).exists():
+                continue  # (a stack started without the API)
             if pid is None:
                 out[name] = "not running"
                 continue

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from ocrq.docbytes import dumps_doc
 from ocrq.errors import MissingObject, NameTaken, StorageUnavailable
@@ -49,6 +49,15 @@ class ResultStore(Protocol):
     def list(self, prefix: str) -> Iterator[str]: ...
 
     def put_file(self, path: str, local: Path, content_type: str) -> None: ...
+
+    def open_file(self, path: str) -> BinaryIO | None:
+        """A file written with ``put_file`` (an export, an upload), opened to read as a stream
+        (the caller closes it); None when there is none."""
+        ...
+
+    def delete_file(self, path: str) -> None:
+        """Delete a file written with ``put_file`` (a missing one too)."""
+        ...
 
     def delete(self, path: str) -> None: ...
 
@@ -157,6 +166,21 @@ class S3Store:
             raise s3_error(exc, f"{self.location}{path} (upload)") from exc
         except (S3UploadFailedError, OSError) as exc:  # the transfer manager wraps the S3 answer
             raise StorageUnavailable(f"S3 upload {self.location}{path}: {exc}") from exc
+
+    def open_file(self, path: str) -> BinaryIO | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            body: BinaryIO = self.client.get_object(Bucket=self.bucket, Key=self.prefix + path)["Body"]
+            return body
+        except (BotoCoreError, ClientError) as exc:
+            err = s3_error(exc, f"{self.location}{path} (get)")
+            if isinstance(err, MissingObject):
+                return None
+            raise err from exc
+
+    def delete_file(self, path: str) -> None:
+        self.delete(path)
 
     def delete(self, path: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

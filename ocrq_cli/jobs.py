@@ -111,3 +111,29 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
     console.print(f"re-published {n} failed images")
     if wait and job:
         print_counts(job, wait_progress(client.job(job), None))
+
+
+def cancel(job: str, wait: bool = typer.Option(False, "--wait", help="wait until the job's export is written"),
+           timeout: float | None = typer.Option(None, help="seconds to wait (exit 4 past it; the job goes on)")
+           ) -> None:
+    """Cancel JOB: images not yet started never run, running ones finish and are kept; the job
+    ends cancelled with an export of what finished (`ocrq reprocess --job JOB` runs the rest)."""
+    client = make_client(command_settings())
+    handle = job_handle(client, job)
+    counts = client.cancel(job)
+    if not handle.cancelled():
+        console.print(f"job {escape(job)} had finished: nothing to cancel")
+        print_counts(job, counts)
+        return
+    console.print(f"job {escape(job)} cancelled: {images(counts['cancelled'])} will not run, "
+                  f"{images(counts['running'] + counts['retrying'])} running finish")
+    if wait:
+        try:
+            marker = handle.wait_export(timeout=timeout)
+        except TimeoutError as exc:
+            console.print(f"[yellow]{escape(str(exc))}[/]")
+            raise typer.Exit(code=4) from exc
+        counts = marker["counts"]
+        console.print(f"export written: {marker['lines']} lines under {escape(client.store.location)}"
+                      f"results/{escape(job)}/export/")
+    print_counts(job, counts)

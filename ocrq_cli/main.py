@@ -7,7 +7,9 @@
     ocrq export J [--wait] [--format openai-batch --out DIR]  (re)write a job's export + _SUCCESS
     ocrq submit --openai-batch FILE --job J [--wait --out DIR]  an OpenAI Batch file, one image per line
     ocrq failed [--job J --error T --since 2h] | failed show ID | failed purge   the failed registry
-    ocrq reprocess [--job J] [--error T] [--dry-run]                           re-run failed images
+    ocrq cancel J [--wait]                      what has not started never runs; the export keeps what finished
+    ocrq reprocess [--job J] [--error T] [--dry-run]   re-run failed (and a named job's cancelled) images
+    ocrq serve [--port 8080] | token create --tenant T   the HTTP API and its tenants' tokens
     ocrq worker [--queues Q,...]                run a worker in the foreground (ocrq[worker])
     ocrq metrics [--port 9808]                  Prometheus exporter (reads Redis)
     ocrq model make-random --size tiny|full --out DIR   random-weight HunyuanOCR checkpoint
@@ -22,7 +24,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from ocrq_cli import fleet, jobs, submit
+from ocrq_cli import fleet, jobs, serve, submit
 from ocrq_cli.common import console
 from ocrq_cli.failed import failed_app
 from ocrq_cli.model import model_app
@@ -30,8 +32,9 @@ from ocrq_cli.model import model_app
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="OCR task-queue fleet.")
 # the order here is the order of `ocrq --help`
 for command in (fleet.up, fleet.flower, fleet.down, submit.submit, jobs.status, jobs.export, jobs.results,
-                jobs.jobs, jobs.reprocess, fleet.governor, fleet.worker, fleet.metrics):
+                jobs.jobs, jobs.cancel, jobs.reprocess, serve.serve, fleet.governor, fleet.worker, fleet.metrics):
     app.command()(command)
+app.add_typer(serve.token_app, name="token")
 app.add_typer(model_app, name="model")
 app.add_typer(failed_app, name="failed")
 

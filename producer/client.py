@@ -26,7 +26,7 @@ from ocrq import keys, names, redis_conn
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
 from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
-from ocrq.intake import IntakePlan, plan_intake
+from ocrq.intake import IntakePlan, Uploaded, plan_intake
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
     FINISH_JOB_TASK,
@@ -39,7 +39,7 @@ from ocrq.messages import (
 from ocrq.parts import read_index
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text
-from ocrq.settings import Settings
+from ocrq.settings import LimitSettings, Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store
 from producer.acked import acknowledged
 from producer.errors import (
@@ -116,29 +116,34 @@ class Client:
         roots = {str(root): None for state in self.worker_states() for root in state.get("allowed_roots") or []}
         return [Path(r) for r in roots]
 
-    def plan(self, refs: Iterable[str]) -> IntakePlan:
+    def plan(self, refs: Iterable[str], limits: LimitSettings | None = None,
+             uploaded: Uploaded | None = None) -> IntakePlan:
         """Expand and check the refs without publishing anything (``IntakePlan.summary()``).
 
         The producer's roots are ``limits.allowed_roots``; when those are not set, the roots the
         live workers report, else the current directory. Local refs must also lie inside a live
-        worker's roots, so the producer never publishes what every worker would refuse."""
-        limits = self.settings.limits
+        worker's roots, so the producer never publishes what every worker would refuse.
+        ``limits``: other rules than the settings' (a tenant's, through the API); ``uploaded``: a
+        manifest the caller sent (``ocrq.intake.Uploaded``)."""
+        limits = limits if limits is not None else self.settings.limits
         workers = self.worker_roots()
         if not limits.allowed_roots and workers:
             limits = limits.model_copy(update={"allowed_roots": workers})
-        return plan_intake(refs, limits, s3_client=self.s3, worker_roots=workers)
+        return plan_intake(refs, limits, s3_client=self.s3, worker_roots=workers, uploaded=uploaded)
 
     def submit(self, refs: Iterable[str] | IntakePlan, *, job: str, task: str = "text",
                params: dict[str, Any] | None = None, priority: int | None = None,
                queue: str | None = None, parquet: bool = False, republish: bool = False,
-               progress: Progress | None = None, openai_batch: bool = False) -> Job:
+               progress: Progress | None = None, openai_batch: bool = False,
+               meta: dict[str, Any] | None = None) -> Job:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
         the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
         job's export at completion also has a Parquet file (ocrq.export); ``openai_batch``: and OpenAI
         Batch output and error files (ocrq.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
-        worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it."""
+        worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it.
+        ``meta``: more of the job's meta (what the API keeps: its webhook, metadata)."""
         if not names.qualified_ok(job):
             raise InvalidName(f"job name {names.shown(job)}: use letters, digits, '.', '_', '-' (≤ 128), "
                               "starting with a letter or digit")
@@ -160,17 +165,18 @@ class Client:
                 raise SubmissionRefused(plan)
             exports = ["jsonl"] + ["parquet"] * parquet + ["openai-batch"] * openai_batch
             return self._publish(plan, job, task, params, priority, queue or self.settings.queue.name,
-                                 exports, republish, progress)
+                                 exports, republish, progress, meta or {})
         finally:
             plan.close()
 
     def _publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any], priority: int | None,
-                 queue: str, exports: list[str], republish: bool = False, progress: Progress | None = None) -> Job:
+                 queue: str, exports: list[str], republish: bool = False, progress: Progress | None = None,
+                 meta: dict[str, Any] | None = None) -> Job:
         self.check_room()
         try:
             # on Sentinel: returns once the replicas hold it, written again after a failover
             return acknowledged(lambda: self._record_and_publish(plan, job, task, params, priority, queue, exports,
-                                                                 republish, progress),
+                                                                 republish, progress, meta or {}),
                                 self.redis, job, self.settings.redis)
         except redis.exceptions.OutOfMemoryError as exc:  # reached maxmemory meanwhile: run it again later
             raise BrokerFull(self.settings.redis.url, *self._memory()) from exc
@@ -190,7 +196,7 @@ class Client:
 
     def _record_and_publish(self, plan: IntakePlan, job: str, task: str, params: dict[str, Any],
                             priority: int | None, queue: str, exports: list[str], republish: bool,
-                            progress: Progress | None) -> Job:
+                            progress: Progress | None, meta: dict[str, Any]) -> Job:
         feed = self.feed
         # an archived job (finished and exported) keeps no records in Redis: its final images are
         # the result documents in the store, and a re-submission leaves them alone
@@ -214,7 +220,7 @@ class Client:
         # queue and priority are kept so `ocrq reprocess` re-publishes where the job ran
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": exports,
-                                "skipped": plan.skipped, "skipped_sample": skipped})
+                                "skipped": plan.skipped, "skipped_sample": skipped, **meta})
         # window by window: record the refs (a marker each), write the shard of those this
         # submission added, and feed; workers start on the first window while the rest is written.
         # The job cannot finish meanwhile (keys.job_submitting): never an export of half of it

@@ -36,6 +36,7 @@ from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected,
 from ocrq.refs import parse
 from ocrq.results import json_line
 from ocrq.s3errors import s3_error
+from ocrq.settings import LimitSettings
 from producer.client import Client
 from producer.job import Job
 
@@ -85,11 +86,16 @@ def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str
     return local(), path.resolve().parent
 
 
-def plan_batch(client: Client, source: str) -> BatchPlan:
+def plan_batch(client: Client, source: str, lines: Iterator[bytes] | None = None,
+               limits: LimitSettings | None = None) -> BatchPlan:
     """Read and check every line of ``source``; nothing is published (inline images are written
-    to the store, under their content's name)."""
-    lines, base = read_lines(client, source)
-    limits = client.settings.limits
+    to the store, under their content's name). ``lines``: the file's lines, read elsewhere (an
+    upload: relative image paths then have no folder); ``limits``: other rules than the
+    settings' (a tenant's)."""
+    base: Path | str | None = None
+    if lines is None:
+        lines, base = read_lines(client, source)
+    limits = limits if limits is not None else client.settings.limits
     workers = client.worker_roots()
     if not limits.allowed_roots and workers:
         limits = limits.model_copy(update={"allowed_roots": workers})
@@ -134,13 +140,14 @@ def plan_batch(client: Client, source: str) -> BatchPlan:
 
 
 def submit_batch(client: Client, batch: BatchPlan, *, job: str, priority: int | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> Job:
+                 progress: Callable[[str, int, int], None] | None = None,
+                 meta: dict[str, Any] | None = None) -> Job:
     """Record the rejected lines' errors in the store, then submit the accepted lines as one
     submission of ``job`` (each image with its own task and params)."""
     if batch.rejected:
         body = b"".join(json_line(line) + b"\n" for line in batch.rejected)
         client.store.put_many([(keys.openai_rejected(job, batch.digest), body)])
-    return client.submit(batch.plan, job=job, priority=priority, progress=progress, openai_batch=True)
+    return client.submit(batch.plan, job=job, priority=priority, progress=progress, openai_batch=True, meta=meta)
 
 
 def write_files(client: Client, job: str, out: Path, *, follow: bool = False, poll: float = 1.0,

@@ -1,7 +1,8 @@
 """The layers docs/ARCHITECTURE.md draws, enforced by reading every import (ast: also imports
 inside functions and under ``TYPE_CHECKING``), so the picture stays true.
 
-    ocrq_cli                      the command line, above both sides
+    ocrq_cli                      the command line, above everything (``ocrq serve`` runs the API)
+    api                           the HTTP front door, beside the command line, over the producer
     producer        worker        the two sides (worker: tasks → engine loop → governor, engines)
     ocrq                          the shared contract, imports neither side
 
@@ -156,10 +157,12 @@ def test_the_scan_reads_the_real_tree() -> None:
 @pytest.mark.parametrize(
     ("packages", "forbidden"),
     [
-        # the shared contract imports neither side nor the command line above them
-        (("ocrq",), ("producer", "worker", "ocrq_cli")),
-        # the sides never import the command line
-        (("producer", "worker"), ("ocrq_cli",)),
+        # the shared contract imports neither side nor what sits above them
+        (("ocrq",), ("producer", "worker", "ocrq_cli", "api")),
+        # the sides never import the command line nor the API
+        (("producer", "worker"), ("ocrq_cli", "api")),
+        # the API is a layer over the producer: it never reaches into a worker, nor the CLI
+        (("api",), ("worker", "ocrq_cli")),
         # engines know neither the loop nor the governor
         (("worker/engines",), LOOP_AND_GOVERNOR),
     ],
@@ -188,7 +191,7 @@ def test_the_circle_finder_finds_circles() -> None:
         "worker.x": {"worker.y"}, "worker.y": {"worker.x"}}
 
 
-ALL = ("ocrq", "ocrq_cli", "worker", "producer")
+ALL = ("ocrq", "ocrq_cli", "worker", "producer", "api")
 
 
 def test_no_import_circle_between_modules() -> None:

@@ -1,0 +1,116 @@
+"""What the API (and the jobs page) says of a job: its state, counts, progress, rate, cost and
+export, built from what the job index holds. A page of jobs is read in one Redis pipeline (three
+commands a job), so listing costs the same whatever the number of jobs the tenant has.
+
+States:
+
+    queued      nothing of it is final yet, nothing running
+    running     images in flight
+    finalizing  every image final, its export being written
+    succeeded   exported, every image done
+    partial     exported, some images failed
+    failed      exported, every image failed
+    cancelling  cancelled, images it had started still running
+    cancelled   cancelled and exported (what finished is in the export)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ocrq import keys, names
+from ocrq.jobcost import cost_of
+from ocrq.jobs import finished, parse_cost, parse_counts, parse_meta, settled
+from ocrq.redact import redact_url
+from ocrq.settings import Settings
+
+STATES = ("queued", "running", "finalizing", "succeeded", "partial", "failed", "cancelling", "cancelled")
+#: states a job stays in (the rest move on)
+FINAL_STATES = ("succeeded", "partial", "failed", "cancelled")
+
+
+def state(counts: dict[str, int], meta: dict[str, Any], submitting: bool) -> str:
+    done_all = finished(counts) and not submitting
+    exported = "archived" in meta
+    if "cancelled" in meta:
+        return "cancelled" if done_all and exported else "cancelling"
+    if not done_all:
+        started = settled(counts) + counts.get("running", 0) + counts.get("retrying", 0)
+        return "running" if started or submitting else "queued"
+    if not exported:
+        return "finalizing"
+    if counts["failed"] == 0:
+        return "succeeded"
+    return "failed" if counts["failed"] >= counts["total"] else "partial"
+
+
+def read_raw(redis: Any, jobs: list[str]) -> list[tuple[dict[bytes, bytes], dict[bytes, bytes], bool]]:
+    """(meta, counts, submitting) of each job, in one pipeline."""
+    pipe = redis.pipeline(transaction=False)
+    for job in jobs:
+        pipe.hgetall(keys.job(job))
+        pipe.hgetall(keys.job_counts(job))
+        pipe.exists(keys.job_submitting(job))
+    out = pipe.execute()
+    return [(out[i], out[i + 1], bool(out[i + 2])) for i in range(0, len(out), 3)]
+
+
+def job_views(redis: Any, settings: Settings, jobs: list[str], location: str) -> list[dict[str, Any] | None]:
+    """The view of each job (None for one that has no meta: expired or never made)."""
+    return [job_view(settings, job, parse_meta(meta), parse_counts(counts), parse_cost(counts), submitting,
+                     location) if meta else None
+            for job, (meta, counts, submitting) in zip(jobs, read_raw(redis, jobs), strict=True)]
+
+
+def job_view(settings: Settings, job: str, meta: dict[str, Any], counts: dict[str, int], cost: dict[str, float],
+             submitting: bool, location: str) -> dict[str, Any]:
+    created = float(meta.get("created") or 0)
+    api = meta.get("api") or {}
+    now = time.time()
+    job_state = state(counts, meta, submitting)
+    rate, eta = _rate(counts, cost, created, now, job_state)
+    spent = cost_of(counts, cost, created or None, settings.gpu_hour_usd, settings.store.put_usd_per_1000,
+                    settings.store.get_usd_per_1000)
+    total = counts["total"]
+    view: dict[str, Any] = {
+        "id": names.split(job)[1],
+        "object": "job",
+        "state": job_state,
+        "created_at": int(created),
+        "task": meta.get("task", "text"),
+        "params": meta.get("params", {}),
+        "priority": meta.get("priority"),
+        "counts": {**{k: counts.get(k, 0) for k in ("total", "done", "cached", "failed", "cancelled", "queued",
+                                                      "running", "retrying")},
+                   "skipped": int(meta.get("skipped", 0))},
+        "progress": round(settled(counts) / total, 6) if total else (1.0 if job_state in FINAL_STATES else 0.0),
+        "images_per_second": rate,
+        "eta_seconds": eta,
+        "cost": {"engine_seconds": round(spent.gpu_seconds, 3), "usd": round(spent.usd, 6),
+                 "usd_per_1000_images": round(spent.usd_per_1000_images, 6),
+                 "store_usd_per_1000_images": round(spent.store_usd_per_1000_images, 6)},
+        "export": {"location": location + keys.export_prefix(job), "written": "archived" in meta,
+                   "files": [keys.EXPORT_JSONL] + ([keys.EXPORT_PARQUET] if "parquet" in meta.get("exports", [])
+                                                   else [])},
+        "metadata": api.get("metadata") or {},
+        "webhook_url": redact_url(meta["webhook"]) if meta.get("webhook") else None,
+        "cancelled_at": meta.get("cancelled"),
+        "finished_at": cost.get("last_done") or None if job_state in FINAL_STATES else None,
+    }
+    return view
+
+
+def _rate(counts: dict[str, int], cost: dict[str, float], created: float, now: float, job_state: str
+          ) -> tuple[float | None, float | None]:
+    """(images a second, seconds left): over the job's life so far, from its first to its last
+    image done; None before any is final."""
+    last = cost.get("last_done") or 0.0
+    final = settled(counts) - counts.get("cancelled", 0)
+    if not created or not last or final <= 0 or last <= created:
+        return None, None
+    rate = final / (last - created)
+    if job_state in FINAL_STATES or job_state == "finalizing":
+        return round(rate, 3), 0.0
+    left = counts["total"] - settled(counts)
+    return round(rate, 3), round(left / rate, 1) if rate > 0 else None
