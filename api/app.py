@@ -15,6 +15,7 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import health, jobs, openai_batches, openai_files
 from api.service import Service
@@ -53,6 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_batches.router)
     app.add_exception_handler(ClientError, _client_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OcrqError, _ocrq_error)
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, _redis_down)
@@ -88,6 +90,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10]]
     return _respond(InvalidRequest("; ".join(problems)))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """What the framework itself refuses (a body it cannot parse, too many form fields, an unknown
+    route), in the API's one error shape."""
+    assert isinstance(exc, StarletteHTTPException)
+    error = {"type": "HTTPError", "code": f"http_{exc.status_code}", "message": str(exc.detail)}
+    return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
 
 
 class _Failed(ClientError):

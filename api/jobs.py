@@ -33,7 +33,7 @@ _SCAN = 2000
 
 _CREATE_BODY = {
     "requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}},
+        "application/json": {"schema": JobCreate.model_json_schema()},
         "multipart/form-data": {"schema": {
             "type": "object", "required": ["manifest"],
             "properties": {"manifest": {"type": "string", "format": "binary",

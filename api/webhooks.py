@@ -132,8 +132,8 @@ class Deliverer:
         """One sweep: every due event claimed, one attempt each; how many were attempted."""
         # a claimed event is another deliverer's after this long (an attempt takes at most the
         # timeout, twice over: connect and answer)
-        lease = 2 * self.settings.api.webhook_timeout_s + 1
-        events = self.outbox.claim(lease)
+        window = 2 * self.settings.api.webhook_timeout_s + 1
+        events = self.outbox.claim(window)
         for event in events:
             self.attempt(event)
         return len(events)

@@ -4,9 +4,9 @@ from that record until a receiver acknowledges it.
 A job with a webhook URL (its meta's ``webhook``, set by the API) gets its terminal event in the
 same Lua step that archives it (``JobIndex.archive``): ``keys.EVENTS`` holds the event, and
 ``keys.EVENTS_DUE`` when its next attempt is due. A deliverer (every ``ocrq serve`` replica runs
-one: ``api.webhooks``) claims due events by moving them a lease ahead in one script, so two
+one: ``api.webhooks``) claims due events by moving their next attempt a claim window ahead in one script, so two
 replicas never send one event at once and a deliverer killed mid-attempt only delays the event
-by its lease: it is sent again (at least once; receivers dedupe on ``webhook-id``). Each attempt
+by that window: it is sent again (at least once; receivers dedupe on ``webhook-id``). Each attempt
 is listed in the job's deliveries (``keys.job_deliveries``); a delivered event, or one whose
 retries ran out, leaves the outbox.
 
@@ -23,8 +23,8 @@ from typing import Any
 from ocrq import keys
 from ocrq.scripts import PastMaxmemory
 
-# KEYS: events hash, due zset. ARGV: now, lease seconds, at most this many. Due events (their
-# score has passed) move a lease ahead and are returned with their JSON: [id, json, id, json ...]
+# KEYS: events hash, due zset. ARGV: now, the claim window in seconds, at most this many. Due events (their
+# score has passed) move a window ahead and are returned with their JSON: [id, json, id, json ...]
 _CLAIM_LUA = """
 local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
@@ -50,10 +50,10 @@ class Outbox:
         self.job_ttl = job_ttl
         self._claim = PastMaxmemory(redis, _CLAIM_LUA)
 
-    def claim(self, lease_s: float, limit: int = 32, now: float | None = None) -> list[dict[str, Any]]:
-        """Due events, each now held for ``lease_s`` (sent again after it, unless settled)."""
+    def claim(self, hold_s: float, limit: int = 32, now: float | None = None) -> list[dict[str, Any]]:
+        """Due events, each now held for ``hold_s`` (sent again after it, unless settled)."""
         raw = self._claim(keys=[keys.EVENTS, keys.EVENTS_DUE],
-                          args=[time.time() if now is None else now, lease_s, limit])
+                          args=[time.time() if now is None else now, hold_s, limit])
         return [json.loads(raw[i + 1]) for i in range(0, len(raw), 2)]
 
     def add(self, job: str, kind: str, url: str, now: float | None = None) -> dict[str, Any]:

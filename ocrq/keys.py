@@ -49,8 +49,8 @@ state is in the store. For each key: what it holds, then how it grows and what b
                                      once built: ``ocrq.events``); written with the job's archive
         per pending event; an event leaves once delivered or given up (api.webhook_retry_s)
     ocrq:events:due            ZSET  pending event id -> when its next attempt is due (a deliverer
-                                     claims one by moving it a lease ahead)
-        per pending event, as above
+                                     claims one by moving it a claim window ahead)
+        per pending event; it leaves once delivered or given up
     ocrq:job:{job}:deliveries  LIST  the job's webhook attempts, newest first (JSON: event, type,
                                      attempt, at, HTTP status or error, seconds)
         per attempt; capped at 100 (LTRIM); job_ttl
@@ -61,7 +61,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per tenant; 2 s
     ocrq:tenant:{tenant}:active SET  the tenant's jobs that may have images in flight (the API's
                                      check of ``max_in_flight``); a final job leaves when met
-        per running job of the tenant
+        per running job of the tenant; a final job leaves when the check meets it
     ocrq:tenant:{tenant}:files ZSET  the tenant's uploaded files (OpenAI Files: ``api``) -> created
         per file; members older than job_ttl trimmed at each upload
     ocrq:file:{tenant}:{id}    HASH  one uploaded file: name, bytes, purpose, created, store path

@@ -21,8 +21,11 @@ def built_redis_keys() -> set[str]:
     found = {v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str) and v.startswith(keys.PREFIX)}
     for _, fn in inspect.getmembers(keys, inspect.isfunction):
         params = list(inspect.signature(fn).parameters.values())
-        if fn.__module__ == keys.__name__ and len(params) == 1 and params[0].annotation == "str":
-            value = fn("{x}")
+        if fn.__module__ == keys.__name__ and params and all(p.annotation in ("str", "int") for p in params):
+            try:
+                value = fn(*["{x}"] * len(params))
+            except (TypeError, ValueError):  # a number formatted (a store path's shard, part)
+                continue
             if isinstance(value, str) and value.startswith(keys.PREFIX):
                 found.add(value)
     return {_norm(k) for k in found - {keys.PREFIX}}
@@ -34,7 +37,7 @@ def built_store_paths() -> set[str]:
              keys.refs_shard("{}", "{}", 0).replace("000000", "{}")}
     paths |= {keys.export_object("{}", n) for n in (keys.EXPORT_JSONL, keys.EXPORT_PARQUET, keys.EXPORT_SUCCESS)}
     paths |= {keys.openai_export_object("{}", n) for n in (keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS, keys.EXPORT_SUCCESS)}
-    paths |= {keys.inline_input("{}"), keys.openai_rejected("{}", "{}")}
+    paths |= {keys.inline_input("{}"), keys.openai_rejected("{}", "{}"), keys.uploaded_file("{}", "{}")}
     return {_norm(p) for p in paths}
 
 
