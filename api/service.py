@@ -45,16 +45,25 @@ class Service:
     def check_rate(self, tenant: Tenant) -> None:
         """One request of ``tenant`` counted in this second, across replicas (``RateLimited``
         past ``requests_per_s``: a fixed one-second window, a burst of at most one second's worth)."""
-        now = time.time()
-        second = int(now)
-        key = keys.rate(tenant.name, second)
         pipe = self.redis.pipeline(transaction=False)
+        self.count_request(pipe, tenant)
+        self.rate_said(tenant, pipe.execute())
+
+    def count_request(self, pipe: Any, tenant: Tenant) -> None:
+        """Queue the request's count on ``pipe`` (a read the request makes anyway: one round trip)."""
+        key = keys.rate(tenant.name, int(time.time()))
         pipe.incr(key)
         pipe.expire(key, 2)
-        n, _ = pipe.execute()
+
+    def rate_said(self, tenant: Tenant, answers: list[Any]) -> list[Any]:
+        """The answers of a pipeline ``count_request`` began, less its two; ``RateLimited`` when
+        the count is past the tenant's rate."""
+        n = int(answers[0])
         if n > tenant.settings.requests_per_s:
+            now = time.time()
             raise RateLimited(f"more than {tenant.settings.requests_per_s:g} requests a second for tenant "
-                              f"{tenant.name}", retry_after=second + 1 - now)
+                              f"{tenant.name}", retry_after=int(now) + 1 - now)
+        return answers[2:]
 
     def check_in_flight(self, tenant: Tenant, adding: int) -> None:
         """``RateLimited`` when the tenant's images not yet final, plus ``adding``, exceed its

@@ -17,6 +17,7 @@ States:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ocrq import keys, names
@@ -45,22 +46,31 @@ def state(counts: dict[str, int], meta: dict[str, Any], submitting: bool) -> str
     return "failed" if counts["failed"] >= counts["total"] else "partial"
 
 
-def read_raw(redis: Any, jobs: list[str]) -> list[tuple[dict[bytes, bytes], dict[bytes, bytes], bool]]:
-    """(meta, counts, submitting) of each job, in one pipeline."""
+def read_raw(redis: Any, jobs: list[str], first: Callable[[Any], None] | None = None,
+             then: Callable[[list[Any]], list[Any]] | None = None
+             ) -> list[tuple[dict[bytes, bytes], dict[bytes, bytes], bool]]:
+    """(meta, counts, submitting) of each job, in one pipeline; ``first(pipe)`` queues commands
+    before them (the request's rate count), whose answers ``then(answers)`` takes off."""
     pipe = redis.pipeline(transaction=False)
+    if first is not None:
+        first(pipe)
     for job in jobs:
         pipe.hgetall(keys.job(job))
         pipe.hgetall(keys.job_counts(job))
         pipe.exists(keys.job_submitting(job))
     out = pipe.execute()
+    if then is not None:
+        out = then(out)
     return [(out[i], out[i + 1], bool(out[i + 2])) for i in range(0, len(out), 3)]
 
 
-def job_views(redis: Any, settings: Settings, jobs: list[str], location: str) -> list[dict[str, Any] | None]:
+def job_views(redis: Any, settings: Settings, jobs: list[str], location: str,
+              first: Callable[[Any], None] | None = None, then: Callable[[list[Any]], list[Any]] | None = None
+              ) -> list[dict[str, Any] | None]:
     """The view of each job (None for one that has no meta: expired or never made)."""
     return [job_view(settings, job, parse_meta(meta), parse_counts(counts), parse_cost(counts), submitting,
                      location) if meta else None
-            for job, (meta, counts, submitting) in zip(jobs, read_raw(redis, jobs), strict=True)]
+            for job, (meta, counts, submitting) in zip(jobs, read_raw(redis, jobs, first, then), strict=True)]
 
 
 def job_view(settings: Settings, job: str, meta: dict[str, Any], counts: dict[str, int], cost: dict[str, float],

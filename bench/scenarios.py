@@ -60,6 +60,9 @@ SCENARIOS: tuple[Scenario, ...] = (
              _m("bench.chaos", "--json", "{run}/chaos.json"), False, "docs/reliability.md"),
     Scenario("reliability-quick", "the chaos suite, quick form (short reaper timings; part of `make test`)",
              _m("bench.chaos", "--quick", "--json", "{run}/chaos.json"), False, "docs/reliability.md"),
+    Scenario("api", "the HTTP API: a 1,000,000-line manifest over HTTP vs Client.submit, GET latency under 50 "
+             "connections, results streamed vs `ocrq results`; writes docs/bench/api.md",
+             _m("bench.api", "--out", "docs/bench/api.md"), False, "docs/bench/api.md"),
     Scenario("submit", "refs/s into Redis, one ref per message vs chunks; writes docs/bench/submit.md",
              _m("bench.submit_throughput", "--refs", "20000", "--out", "docs/bench/submit.md"), False,
              "docs/bench/submit.md"),

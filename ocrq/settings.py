@@ -321,6 +321,8 @@ class ApiSettings(BaseModel):
     idempotency_ttl_s: int = Field(default=86_400, ge=60)
     #: the largest upload (a manifest, an OpenAI Batch file) accepted, in bytes (413 past it)
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    #: one log line per request (uvicorn's access log; off: a busy poller's lines cost CPU)
+    access_log: bool = False
     #: the jobs page's login cookie is sent over HTTPS only (None: when the request came over
     #: HTTPS, or through a proxy that says so)
     cookie_secure: bool | None = None

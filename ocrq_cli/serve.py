@@ -32,7 +32,8 @@ def serve(host: str | None = typer.Option(None, help="address to bind (default: 
                       f"NAME` makes one (written to {escape(str(tenants_path(settings)))})[/]")
     uvicorn.run("api.app:app_from_env", factory=True, host=host or settings.api.host,
                 port=settings.api.port if port is None else port, workers=workers,
-                log_level=settings.log_level.lower(), proxy_headers=True, server_header=False)
+                log_level=settings.log_level.lower(), proxy_headers=True, server_header=False,
+                access_log=settings.api.access_log)
 
 
 @token_app.command("create")
