@@ -1,10 +1,13 @@
-"""``Idempotency-Key``: a client retrying a create (a timeout, a dropped connection) gets the job
-its first request made, not a second one; the same key with another body is a conflict.
+"""``Idempotency-Key``: a client retrying a create (a timeout, a dropped connection, a replica
+killed mid-request) gets the job its first request made, not a second one; the same key with
+another body is a conflict.
 
 The key's record (``keys.idempotency``: its job and the digest of the request body) is written
-before the job is, with SET NX, so of two requests racing with one key one makes the job and the
-other answers 409 until it exists. A request that fails (refused refs, a full broker) removes the
-record: the same key may try again. Records last ``api.idempotency_ttl_s``.
+before the job is, with SET NX. A request that finds it with the same body submits the same again
+to that job: the producer knows a submission by its content (``ocrq.feed``), so that is a no-op
+for one written whole and finishes one a killed process left half written (two requests racing
+with one key write the same submission once). A request that fails (refused refs, a full broker)
+removes the record: the same key may try again. Records last ``api.idempotency_ttl_s``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,4 @@ def claim(svc: Any, tenant: Tenant, key: str | None, digest: str, name: str) -> 
     prior = json.loads(svc.redis.get(record) or "{}")
     if prior.get("body") != digest:
         raise Conflict("this Idempotency-Key was used with another request body: use a new key for a new job")
-    if not svc.client.index.exists(svc.job_name(tenant, prior["job"])):
-        raise Conflict("a request with this Idempotency-Key is still being processed: retry in a moment")
     yield prior["job"]

@@ -75,13 +75,13 @@ def _create(who: Caller, spec: JobCreate, manifest: Uploaded | None, digest: str
     svc, tenant = who.svc, who.tenant
     name = spec.name or (f"job-{hashlib.sha256(key.encode()).hexdigest()[:20]}" if key
                          else f"job-{secrets.token_hex(10)}")
-    job = svc.job_name(tenant, name)
     with idempotency.claim(svc, tenant, key, digest, name) as prior:
-        if prior is not None:
-            return view(svc, svc.job_name(tenant, prior)), True
-        if svc.client.index.exists(job) and spec.name is not None and key is None:
-            raise Conflict(f"a job named {name!r} exists: pick another name (or send an Idempotency-Key to "
-                           "make retries safe)")
+        replayed = prior is not None
+        name = prior or name
+        job = svc.job_name(tenant, name)
+        if not replayed and svc.client.index.exists(job):
+            raise Conflict(f"a job named {name!r} exists: pick another name (or send the Idempotency-Key of the "
+                           "request that made it to get it again)")
         webhook = spec.webhook_url or tenant.settings.webhook_url
         if webhook:
             check_url(svc.settings, webhook)
@@ -96,9 +96,11 @@ def _create(who: Caller, spec: JobCreate, manifest: Uploaded | None, digest: str
         if webhook:
             meta["webhook"] = webhook
         svc.mark_active(tenant, job)
+        # a replay submits the same again: a no-op for a submission written whole, the rest of one
+        # a killed process left half written (ocrq.feed: a submission is known by its content)
         svc.client.submit(plan, job=job, task=spec.task, params=spec.params, priority=spec.priority,
                           parquet=spec.parquet, meta=meta)
-        return view(svc, job), False
+        return view(svc, job), replayed
 
 
 @router.get("", response_model=JobList, responses=ERRORS)

@@ -21,6 +21,9 @@ exit status 1 on any lost, duplicated or untrue record.
     failover  the broker on a Sentinel-managed HA Redis (3 servers, 3 Sentinels): its master
             SIGKILLed twice and demoted by hand once during the job; the producer's submit --wait
             rides through; work resumes ≤ 30 s after each promotion (bench.chaos.failover)
+    webhooks  jobs submitted through two API replicas, each naming a webhook: a replica SIGKILLed
+            every 7 s, a worker every 11 s, the receiver down for the first 60 s (20 s in --quick):
+            every job's terminal event delivered, verified, once per id (bench.chaos.webhooks)
     security  Redis with a password over TLS end to end, a pickle message, size caps, and a grep
             for credentials and presigned signatures in logs, Redis, Flower and the results
             (bench.chaos.security; 300 images in --quick)
@@ -57,6 +60,7 @@ from bench.chaos.poison import poison_special
 from bench.chaos.security import run_security
 from bench.chaos.stack import CuttableProxy, RedisServer, Special, Workers
 from bench.chaos.verify import Outcome, verify, wait_drained
+from bench.chaos.webhooks import run_webhooks
 from bench.services import free_port
 from ocrq import keys
 from ocrq.settings import Settings
@@ -396,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
             outcome, wall, notes = run_failover(env, n, {"image_latency_s": 0.01}, worker_env, client_for,
                                                 timeout_s=max(300.0, n * 0.5))
             runs.append(run := Run("failover", outcome, wall, notes))
+            report(run)
+        if not args.only or "webhooks" in args.only:
+            outcome, wall, notes = run_webhooks(env, n, {"image_latency_s": 0.01}, worker_env, client_for,
+                                                timeout_s=max(300.0, n * 0.3))
+            runs.append(run := Run("webhooks", outcome, wall, notes))
             report(run)
     finally:
         server.stop()
