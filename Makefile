@@ -98,6 +98,8 @@ demo: install
 	$(OCRQ) up
 	@set -o pipefail; job=demo-$$(date +%Y%m%d-%H%M%S); \
 	  $(OCRQ) submit examples/images --job $$job --out var/demo-results.jsonl --print; rc=$$?; \
+	  echo "curl -s http://127.0.0.1:8080/v1/jobs/$$job -H 'Authorization: Bearer ...'   (the HTTP API, docs/api.md):"; \
+	  curl -s -H "Authorization: Bearer $$(cat var/api-token)" http://127.0.0.1:8080/v1/jobs/$$job; echo; \
 	  $(OCRQ) down; exit $$rc
 
 up: install
