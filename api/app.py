@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import health, jobs, openai_batches, openai_files
@@ -29,6 +32,8 @@ from producer.errors import ClientError, Unreachable
 log = logging.getLogger("ocrq.api")
 
 VERSION = "1"
+#: Swagger UI's files (swagger-ui-dist, Apache-2.0), for /docs
+SWAGGER = Path(__file__).parent / "swagger"
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -43,9 +48,19 @@ def create_app(settings: Settings) -> FastAPI:
         deliverer.stop()
         svc.close()
 
-    app = FastAPI(title="ocrq", version=VERSION, lifespan=lifespan,
+    app = FastAPI(title="ocrq", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="OCR jobs over HTTP: submit image refs, follow, cancel, read results; "
                               "OpenAI-compatible Files and Batches; signed webhooks.")
+    # /docs from files shipped with the package: machines without internet (most of ours) get it too
+    app.mount("/docs-assets", StaticFiles(directory=SWAGGER), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="ocrq API",
+                                   swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs-assets/favicon-32x32.png")
+
     app.state.service = svc
     app.state.deliverer = deliverer
     app.include_router(health.router)

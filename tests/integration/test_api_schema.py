@@ -38,6 +38,10 @@ def test_no_5xx_and_every_answer_matches_the_schema(redis_url, redis_client, sta
     acme = api.client(token)
     assert acme.post("/v1/jobs", json={"refs": [str(tmp_path / "img")], "name": "known"}).status_code == 201
     wait_for(lambda: acme.get("/v1/jobs/known").json()["state"] == "succeeded", what="the known job")
+    # /docs loads from files the package ships (no CDN)
+    page = httpx.get(f"{api.url}/docs").text
+    assert "/docs-assets/swagger-ui-bundle.js" in page and "cdn" not in page.lower()
+    assert httpx.get(f"{api.url}/docs-assets/swagger-ui-bundle.js").status_code == 200
     schema = httpx.get(f"{api.url}/openapi.json").json()
     assert schema["openapi"].startswith("3.1") and "/v1/jobs" in schema["paths"] and "/v1/batches" in schema["paths"]
     cli = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or "schemathesis"
