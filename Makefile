@@ -98,7 +98,13 @@ demo: install
 	$(OCRQ) up
 	@set -o pipefail; job=demo-$$(date +%Y%m%d-%H%M%S); \
 	  $(OCRQ) submit examples/images --job $$job --out var/demo-results.jsonl --print; rc=$$?; \
-	  $(OCRQ) down; exit $$rc
+	  $(OCRQ) down; \
+	  echo; echo "Results: var/demo-results.jsonl. Next, on your own files:"; \
+	  echo "  source $(VENV)/bin/activate && ocrq up --allow /path/to/scans   # Redis, a worker, Flower"; \
+	  echo "  ocrq submit /path/to/scans --job mine --wait --out mine.jsonl   # one JSON line per file"; \
+	  echo "  ocrq status mine                                               # counts, img/s, cost"; \
+	  echo "(ocrq down stops the stack; docs/deploy.md runs it on several hosts)"; \
+	  exit $$rc
 
 up: install
 	$(OCRQ) up
