@@ -104,7 +104,7 @@ def test_the_walk_of_the_model_knows_sections_leaves_and_open_mappings() -> None
 
 
 #: files that spell wrong names on purpose: what the check refuses, and its tests
-_MISTAKES_SHOWN = {"ocrq/settings_check.py", "tests/unit/test_settings_check.py",
+_MISTAKES_SHOWN = {"ocrq/settings_check.py", "tests/unit/test_settings_check.py", "README.md",
                    "tests/integration/test_cli_outcomes.py", "docs/CHANGELOG.md"}
 
 
