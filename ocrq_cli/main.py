@@ -71,7 +71,8 @@ def _main(config: Path | None = typer.Option(None, "--config", "-c", envvar="OCR
 
 
 #: what to do next, by error
-_HINTS = {"UnknownJob": "`ocrq jobs` lists the known ones"}
+_HINTS = {"UnknownJob": "`ocrq jobs` lists the known ones",
+          "NotReplicated": "not confirmed on the replicas: the same command again completes it"}
 
 
 def report(exc: BaseException) -> int:
