@@ -98,9 +98,15 @@ demo: install
 	$(OCRQ) up
 	@set -o pipefail; job=demo-$$(date +%Y%m%d-%H%M%S); \
 	  $(OCRQ) submit examples/images --job $$job --out var/demo-results.jsonl --print; rc=$$?; \
-	  echo "curl -s http://127.0.0.1:8080/v1/jobs/$$job -H 'Authorization: Bearer ...'   (the HTTP API, docs/api.md):"; \
-	  curl -s -H "Authorization: Bearer $$(cat var/api-token)" http://127.0.0.1:8080/v1/jobs/$$job; echo; \
-	  $(OCRQ) down; exit $$rc
+	  echo "The HTTP API (docs/api.md): curl -s http://127.0.0.1:8080/v1/jobs/$$job -H 'Authorization: Bearer <var/api-token>'"; \
+	  curl -s -H "Authorization: Bearer $$(cat var/api-token)" http://127.0.0.1:8080/v1/jobs/$$job | head -c 400; echo; \
+	  $(OCRQ) down; \
+	  echo; echo "Results: var/demo-results.jsonl. Next, on your own files:"; \
+	  echo "  source $(VENV)/bin/activate && ocrq up --allow /path/to/scans   # Redis, a worker, Flower, the API"; \
+	  echo "  ocrq submit /path/to/scans --job mine --wait --out mine.jsonl   # one JSON line per file"; \
+	  echo "  ocrq status mine                                               # counts, img/s, cost"; \
+	  echo "(ocrq down stops the stack; docs/deploy.md runs it on several hosts)"; \
+	  exit $$rc
 
 up: install
 	$(OCRQ) up

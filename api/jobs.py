@@ -25,6 +25,7 @@ from ocrq.failed import registered
 from ocrq.intake import Uploaded
 from ocrq.results import json_line
 from producer.errors import Conflict, UnknownJob
+from producer.progress import job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -150,6 +151,17 @@ async def get_job(job_id: str, who: Caller = Depends(unmetered)) -> Response:
     if found is None:
         raise UnknownJob(job_id)
     return JSONResponse(found)
+
+
+@router.get("/{job_id}/progress", responses=ERRORS)
+def progress(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
+    """How far the job is and how fast it goes: finished (image by image, ahead of its records),
+    images a second now and on average, ETA, and images a second per 5 s window of the last
+    10 minutes (``series``: [window start, rate])."""
+    job = who.svc.existing(who.tenant, job_id)
+    out = job_progress(who.svc.redis, who.svc.client.index, job).as_dict()
+    out["job"] = job_id
+    return out
 
 
 @router.get("/{job_id}/results", responses={**ERRORS, 200: {

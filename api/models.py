@@ -45,7 +45,11 @@ class Counts(BaseModel):
 
 
 class Cost(BaseModel):
+    #: seconds of engine time the job's images shared, named by what measured them
     engine_seconds: float
+    #: "GPU-s" | "CPU-s" | "engine-s" (both, or not noted)
+    unit: str
+    device: str
     usd: float
     usd_per_1000_images: float
     store_usd_per_1000_images: float
@@ -66,8 +70,11 @@ class Job(BaseModel):
     params: dict[str, Any]
     priority: int | None
     counts: Counts
+    #: share of the images final, or finished by an engine and about to be recorded
     progress: float
+    #: images finished a second over the last ~10 s (ocrq.progress), and over the job's life
     images_per_second: float | None
+    average_images_per_second: float
     eta_seconds: float | None
     cost: Cost
     export: Export

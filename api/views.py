@@ -16,15 +16,17 @@ States:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ocrq import keys, names
 from ocrq.jobcost import cost_of
 from ocrq.jobs import finished, parse_cost, parse_counts, parse_meta, settled
+from ocrq.progress import RawProgress
+from ocrq.progress import parse as parse_progress
 from ocrq.redact import redact_url
 from ocrq.settings import Settings
+from producer.progress import summarise
 
 STATES = ("queued", "running", "finalizing", "succeeded", "partial", "failed", "cancelling", "cancelled")
 #: states a job stays in (the rest move on)
@@ -48,8 +50,8 @@ def state(counts: dict[str, int], meta: dict[str, Any], submitting: bool) -> str
 
 def read_raw(redis: Any, jobs: list[str], first: Callable[[Any], None] | None = None,
              then: Callable[[list[Any]], list[Any]] | None = None
-             ) -> list[tuple[dict[bytes, bytes], dict[bytes, bytes], bool]]:
-    """(meta, counts, submitting) of each job, in one pipeline; ``first(pipe)`` queues commands
+             ) -> list[tuple[dict[bytes, bytes], dict[bytes, bytes], bool, dict[bytes, bytes]]]:
+    """(meta, counts, submitting, progress) of each job, in one pipeline; ``first(pipe)`` queues commands
     before them (the request's rate count), whose answers ``then(answers)`` takes off."""
     pipe = redis.pipeline(transaction=False)
     if first is not None:
@@ -58,10 +60,11 @@ def read_raw(redis: Any, jobs: list[str], first: Callable[[Any], None] | None = 
         pipe.hgetall(keys.job(job))
         pipe.hgetall(keys.job_counts(job))
         pipe.exists(keys.job_submitting(job))
+        pipe.hgetall(keys.job_progress(job))
     out = pipe.execute()
     if then is not None:
         out = then(out)
-    return [(out[i], out[i + 1], bool(out[i + 2])) for i in range(0, len(out), 3)]
+    return [(out[i], out[i + 1], bool(out[i + 2]), out[i + 3]) for i in range(0, len(out), 4)]
 
 
 def job_views(redis: Any, settings: Settings, jobs: list[str], location: str,
@@ -69,19 +72,23 @@ def job_views(redis: Any, settings: Settings, jobs: list[str], location: str,
               ) -> list[dict[str, Any] | None]:
     """The view of each job (None for one that has no meta: expired or never made)."""
     return [job_view(settings, job, parse_meta(meta), parse_counts(counts), parse_cost(counts), submitting,
-                     location) if meta else None
-            for job, (meta, counts, submitting) in zip(jobs, read_raw(redis, jobs, first, then), strict=True)]
+                     location, parse_progress(progress)) if meta else None
+            for job, (meta, counts, submitting, progress) in zip(jobs, read_raw(redis, jobs, first, then),
+                                                                strict=True)]
 
 
 def job_view(settings: Settings, job: str, meta: dict[str, Any], counts: dict[str, int], cost: dict[str, float],
-             submitting: bool, location: str) -> dict[str, Any]:
+             submitting: bool, location: str, raw: RawProgress | None = None) -> dict[str, Any]:
     created = float(meta.get("created") or 0)
     api = meta.get("api") or {}
-    now = time.time()
     job_state = state(counts, meta, submitting)
-    rate, eta = _rate(counts, cost, created, now, job_state)
-    spent = cost_of(counts, cost, created or None, settings.gpu_hour_usd, settings.store.put_usd_per_1000,
-                    settings.store.get_usd_per_1000)
+    moving = summarise(job, counts, raw or RawProgress(0, {}), created, int(cost.get("engine_images", 0)),
+                       cost.get("last_done") or None)
+    rate = None if moving.img_per_s <= 0 and not moving.final else round(moving.img_per_s, 3)
+    eta = 0.0 if job_state in FINAL_STATES or job_state == "finalizing" else (
+        None if moving.eta_s is None else round(moving.eta_s, 1))
+    spent = cost_of(counts, cost, meta, settings.gpu_hour_usd, settings.store.put_usd_per_1000,
+                    settings.store.get_usd_per_1000, settings.cpu_hour_usd)
     total = counts["total"]
     view: dict[str, Any] = {
         "id": names.split(job)[1],
@@ -94,10 +101,12 @@ def job_view(settings: Settings, job: str, meta: dict[str, Any], counts: dict[st
         "counts": {**{k: counts.get(k, 0) for k in ("total", "done", "cached", "failed", "cancelled", "queued",
                                                       "running", "retrying")},
                    "skipped": int(meta.get("skipped", 0))},
-        "progress": round(settled(counts) / total, 6) if total else (1.0 if job_state in FINAL_STATES else 0.0),
+        "progress": round(moving.finished / total, 6) if total else (1.0 if job_state in FINAL_STATES else 0.0),
+        "average_images_per_second": round(moving.avg_img_per_s, 3),
         "images_per_second": rate,
         "eta_seconds": eta,
-        "cost": {"engine_seconds": round(spent.gpu_seconds, 3), "usd": round(spent.usd, 6),
+        "cost": {"engine_seconds": round(spent.engine_seconds, 3), "unit": spent.unit, "device": spent.device,
+                 "usd": round(spent.usd, 6),
                  "usd_per_1000_images": round(spent.usd_per_1000_images, 6),
                  "store_usd_per_1000_images": round(spent.store_usd_per_1000_images, 6)},
         "export": {"location": location + keys.export_prefix(job), "written": "archived" in meta,
@@ -109,18 +118,3 @@ def job_view(settings: Settings, job: str, meta: dict[str, Any], counts: dict[st
         "finished_at": cost.get("last_done") or None if job_state in FINAL_STATES else None,
     }
     return view
-
-
-def _rate(counts: dict[str, int], cost: dict[str, float], created: float, now: float, job_state: str
-          ) -> tuple[float | None, float | None]:
-    """(images a second, seconds left): over the job's life so far, from its first to its last
-    image done; None before any is final."""
-    last = cost.get("last_done") or 0.0
-    final = settled(counts) - counts.get("cancelled", 0)
-    if not created or not last or final <= 0 or last <= created:
-        return None, None
-    rate = final / (last - created)
-    if job_state in FINAL_STATES or job_state == "finalizing":
-        return round(rate, 3), 0.0
-    left = counts["total"] - settled(counts)
-    return round(rate, 3), round(left / rate, 1) if rate > 0 else None

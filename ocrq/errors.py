@@ -19,6 +19,7 @@
         │   └── EncryptedDocument  a PDF that needs a password to open
         ├── TooLargeForDevice  one image alone does not fit the device even at a lower pixel cap
         ├── BadRequest         the engine/server rejected the request itself (HTTP 4xx, bad params)
+        │   └── UnsupportedTask    a task or prompt this engine cannot honour (ocrq.capabilities)
         └── RetriesExhausted   a retryable error kept happening until ``queue.max_attempts`` ran
                                out; its message names the last real cause
                                ("after 4 attempts: EngineOOM: ...")
@@ -123,6 +124,11 @@ class BadRequest(Permanent):
     pass
 
 
+class UnsupportedTask(BadRequest):
+    """The engine cannot honour the image's task or prompt (RapidOCR asked to translate): the
+    image fails, typed, rather than come back ``done`` with an answer to another question."""
+
+
 class RetriesExhausted(Permanent):
     """A retryable error that kept happening until the attempt budget ran out."""
 
@@ -137,7 +143,7 @@ _BY_NAME: dict[str, type[OcrqError]] = {
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
         EngineUnavailable, DecoderCrashed, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage,
         UnsupportedFormat, TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument,
-        EncryptedDocument,
+        EncryptedDocument, UnsupportedTask,
     )
 }
 

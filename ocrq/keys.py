@@ -13,8 +13,10 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
                                      there), exports, skipped (+ sample), created, archived,
                                      epoch and parts (the result parts' names: ocrq.parts),
-                                     cancelled (when), and what the API keeps of a job (webhook
-                                     URL, metadata, kind: ``api``)
+                                     cancelled (when), what the API keeps of a job (webhook
+                                     URL, metadata, object: job or batch), engine:{kind} ->
+                                     "cpu"|"gpu" per engine kind that ran it (ocrq.progress: what
+                                     its cost was measured on)
         per job; job_ttl (30 d)
     ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
                                      batches, last_done (what it cost); exact (one Lua script)
@@ -32,6 +34,10 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per submission; deleted when the job is archived, else job_ttl
     ocrq:feeding               SET   jobs with a shard written and not yet fed
         per job being fed; a job leaves once every shard is fed
+    ocrq:job:{job}:progress    HASH  display only, between chunk records (ocrq.progress): engine ->
+                                     images the engine finished; t{window} -> images finished in
+                                     that 5 s window (engine, plus recorded hits and failures)
+        per running job; at most 120 windows (10 min) + 1 field, a few KB; 1 d after its last progress
     ocrq:job:{job}:submitting  STR   set while a producer records and writes a submission's refs
                                      (fed window by window as they are written): the job cannot
                                      finish, so no export of half a submission
@@ -69,8 +75,10 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:tenant:{tenant}:batches ZSET  the tenant's OpenAI batches (each a job) -> created
         per batch; members older than job_ttl trimmed at each create
     ocrq:workers:{hostname}    STR   governor/engine state for metrics, the worker's allowed roots
-                                     (producers check local refs against them at submit) and its
-                                     process (host, pid, var dir: ocrq up/down tell stacks apart)
+                                     (producers check local refs against them at submit), its
+                                     process (host, pid, var dir: ocrq up/down tell stacks apart),
+                                     its queues and its engine's capabilities (kind, device,
+                                     tasks, custom prompts: producers refuse what none can run)
         per worker; 60 s, refreshed
     ocrq:governor:{fingerprint} STR  governor snapshot (learned memory model)
         per model, engine settings and device size; 30 d, refreshed
@@ -225,6 +233,12 @@ def job_feed(job_name: str) -> str:
 
 #: jobs with a submission shard written and not yet fed: what every worker's feeder looks at
 FEEDING = PREFIX + "feeding"
+
+
+def job_progress(job_name: str) -> str:
+    """What workers' engines finished of the job since its last records, and how fast: display
+    only (ocrq.progress)."""
+    return f"{PREFIX}job:{job_name}:progress"
 
 
 def job_submitting(job_name: str) -> str:

@@ -36,7 +36,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from ocrq.settings import RedisSettings
 
@@ -166,10 +166,10 @@ def _tls_kwargs(settings: RedisSettings) -> dict[str, Any]:
     return out
 
 
-def sentinel_for(settings: RedisSettings, url: str | None = None, **kwargs: Any) -> Sentinel:
+def sentinel_for(settings: RedisSettings, url: str | None = None, timeout: float = 2.0, **kwargs: Any) -> Sentinel:
     """A ``redis.sentinel.Sentinel`` on the URL's Sentinels (their password and TLS from settings)."""
     target = parse_sentinel(url or settings.url)
-    sentinel_kwargs: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0,
+    sentinel_kwargs: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
                                        **_tls_kwargs(settings)}
     if settings.sentinel_password is not None:
         sentinel_kwargs["password"] = settings.sentinel_password.get_secret_value()
@@ -193,6 +193,38 @@ def client(settings: RedisSettings, url: str | None = None, *, master_name: str 
         master_name or settings.master_name, redis_class=redis.Redis,
         connection_class=FollowingSSLConnection if tls else FollowingConnection,
         db=target.db, username=target.username, password=target.password, **conn_kwargs, **kwargs)
+
+
+#: how long a command line waits for Redis to answer before it says Redis cannot be reached
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe(settings: RedisSettings, timeout: float = PROBE_TIMEOUT_S, url: str | None = None) -> None:
+    """One ``PING`` within about ``timeout`` seconds, not retried: a ``redis.ConnectionError`` (or
+    ``TimeoutError``) when Redis cannot be reached. The clients above reconnect for
+    ``RETRY_WINDOW_S`` (right for a worker through a restart or a failover, 30 s of silence for
+    a person at a prompt who mistyped the URL). On a Sentinel URL, Sentinels that answer but
+    name no master yet (a failover under way) pass: the clients' own retries wait for it."""
+    url = url or settings.url
+    if not is_sentinel(url):
+        c = redis.Redis.from_url(url, retry=no_retry(), socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            c.ping()
+        finally:
+            c.close()
+        return
+    sentinels = parse_sentinel(url).sentinels
+    sentinel = sentinel_for(settings, url, timeout=max(0.2, timeout / len(sentinels)))
+    try:
+        sentinel.discover_master(settings.master_name)
+    except MasterNotFoundError:
+        for s in sentinel.sentinels:
+            try:
+                s.ping()
+                return  # a Sentinel answers: the master is being elected
+            except (RedisConnectionError, RedisTimeoutError):
+                continue
+        raise
 
 
 def cache_client(settings: RedisSettings, **kwargs: Any) -> redis.Redis | None:

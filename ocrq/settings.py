@@ -3,6 +3,11 @@
 The YAML profile is chosen with ``OCRQ_CONFIG=configs/gpu-vllm.yaml`` (or ``--config``); nested
 fields are set from the environment with a double underscore, e.g. ``OCRQ_ENGINE__KIND=vllm``,
 ``OCRQ_STORE__BUCKET=ocr``. Built once in ``main`` and passed down; nothing reads it globally.
+
+Unknown names are errors: an ``OCRQ_*`` variable or YAML key that names no setting, or a profile
+that does not exist, raises ``SettingsError`` naming the nearest valid name; ``load_settings``
+turns a bad value into one line naming the setting, its value, its source and its choices
+(ocrq.settings_check, which also lists the ``OCRQ_*`` variables that are not settings).
 """
 
 from __future__ import annotations
@@ -12,16 +17,26 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as SourceError
+
+from ocrq.settings_check import SettingsError, check_environment, check_profile, explain
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
 
 
-class RedisSettings(BaseModel):
+class _Section(BaseModel):
+    # a key no setting has is an error naming the nearest one (ocrq.settings_check), not ignored
+    model_config = ConfigDict(extra="forbid")
+
+
+class RedisSettings(_Section):
     #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS.
     #: Sentinel, in Celery's format: sentinel://:password@h1:26379/0;sentinel://h2:26379/0 (the
     #: password is the Redis servers', ``sentinel_password`` the Sentinels'); every client ocrq
@@ -74,7 +89,7 @@ class RedisSettings(BaseModel):
     refuse_submit_at: float = Field(default=0.9, gt=0, le=1)
 
 
-class StoreSettings(BaseModel):
+class StoreSettings(_Section):
     kind: Literal["local", "s3"] = "local"
     #: local store root (embedded default); unset: ``{var_dir}/store``
     path: Path = Path("var/store")
@@ -91,7 +106,7 @@ class StoreSettings(BaseModel):
     get_usd_per_1000: float = 0.0004
 
 
-class LimitSettings(BaseModel):
+class LimitSettings(_Section):
     #: bytes fetched per reference before it is refused as TooLarge
     max_bytes: int = 50 * 1024 * 1024
     #: decoded pixels above this are downscaled (keeping aspect) before OCR
@@ -132,7 +147,7 @@ class LimitSettings(BaseModel):
     decode_fault_markers: bool = False
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(_Section):
     kind: Literal["rapidocr", "transformers", "vllm", "vllm-server", "simulated"] = "rapidocr"
     #: model directory (HunyuanOCR checkpoint) for transformers/vllm
     model_dir: Path | None = None
@@ -221,7 +236,7 @@ class EngineSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
-class BatchSettings(BaseModel):
+class BatchSettings(_Section):
     #: "fixed": batches of ``size``; "auto": the VRAM governor sizes them by cost
     mode: Literal["fixed", "auto"] = "fixed"
     size: int = 4
@@ -241,7 +256,7 @@ class BatchSettings(BaseModel):
     memory_cap_bytes: int | None = None
 
 
-class QueueSettings(BaseModel):
+class QueueSettings(_Section):
     #: default queue; route GPU classes with --queues on the worker
     name: str = "ocrq"
     #: references per broker message for bulk submissions
@@ -272,7 +287,7 @@ class QueueSettings(BaseModel):
     time_limit: int = 1800
 
 
-class TenantSettings(BaseModel):
+class TenantSettings(_Section):
     """One tenant of the HTTP API (``ocrq serve``): its tokens, limits and webhooks."""
 
     #: sha256 (hex) of each of the tenant's bearer tokens (``ocrq token create`` makes one and
@@ -296,7 +311,7 @@ class TenantSettings(BaseModel):
     allowed_roots: list[Path] | None = None
 
 
-class ApiSettings(BaseModel):
+class ApiSettings(_Section):
     """``ocrq serve``: the HTTP API (jobs, OpenAI Files and Batches, webhooks) and the jobs page."""
 
     #: address and port it listens on (``ocrq up`` starts one on these)
@@ -330,7 +345,7 @@ class ApiSettings(BaseModel):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="OCRQ_", env_nested_delimiter="__", extra="ignore", validate_default=True
+        env_prefix="OCRQ_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
     redis: RedisSettings = Field(default_factory=RedisSettings)
@@ -353,8 +368,11 @@ class Settings(BaseSettings):
     metrics_port: int = 9809
     #: address the worker's metrics server binds (0.0.0.0 so Prometheus/KEDA can scrape pods)
     metrics_addr: str = "0.0.0.0"
-    #: price of one GPU-hour in dollars: `ocrq status JOB` turns engine seconds into cost
-    gpu_hour_usd: float = 2.50
+    #: price of one GPU-hour in dollars: `ocrq status JOB` turns a GPU engine's seconds into cost
+    gpu_hour_usd: float = Field(default=2.50, ge=0)
+    #: price of one hour of a CPU worker's host in dollars (RapidOCR, or an engine on a CPU):
+    #: `ocrq status JOB` turns a CPU engine's seconds into cost
+    cpu_hour_usd: float = Field(default=0.10, ge=0)
     #: the HTTP API, ``ocrq serve``
     api: ApiSettings = Field(default_factory=ApiSettings)
 
@@ -376,9 +394,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        check_environment(os.environ, settings_cls)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        profile = _PROFILE.get() or os.environ.get("OCRQ_CONFIG")
+        profile = _profile()
         if profile:
+            check_profile(profile, "OCRQ_CONFIG or --config")
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=profile))
         return tuple(sources)
 
@@ -388,11 +408,32 @@ class Settings(BaseSettings):
 _PROFILE: ContextVar[str | None] = ContextVar("ocrq_profile", default=None)
 
 
+def _profile() -> str | None:
+    return _PROFILE.get() or os.environ.get("OCRQ_CONFIG") or None
+
+
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
     """Build the process's settings; ``config`` names a YAML profile (else ``$OCRQ_CONFIG``).
-    The environment is left as it is."""
+    The environment is left as it is. ``SettingsError`` (one line per problem) for an unknown
+    name, a missing profile or a bad value."""
+    import yaml
+
     token = _PROFILE.set(str(config) if config is not None else None)
     try:
         return Settings(**overrides)
+    except ValidationError as exc:
+        profile = _profile()
+        data = None
+        if profile:
+            try:
+                data = yaml.safe_load(Path(profile).read_text())
+            except (OSError, yaml.YAMLError):
+                data = None
+        raise explain(exc, Settings, os.environ, profile, data if isinstance(data, dict) else None) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"settings profile {_profile()} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except SourceError as exc:  # a section or list from the environment that is not JSON
+        raise SettingsError(f"{exc}: a list or section set from the environment takes JSON, e.g. "
+                            """OCRQ_LIMITS__ALLOWED_ROOTS='["/data"]'""") from None
     finally:
         _PROFILE.reset(token)

@@ -70,9 +70,10 @@ def failed(ctx: typer.Context,
         found = registry.from_store(_store(settings), job, error, _since(since))
     else:
         try:
+            redis_conn.probe(settings.redis)  # within 3 s, not after the clients' 30 s of reconnecting
             found = iter(list(registry.registered(_index(settings), _store(settings), job, error,
                                                   _since(since))))
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             console.print(f"[yellow]Redis unreachable ({exc}); reading the store's mirror[/]")
             found = registry.from_store(_store(settings), job, error, _since(since))
     lines = (f.line() for f in found)

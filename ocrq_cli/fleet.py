@@ -13,6 +13,7 @@ from rich.markup import escape
 from ocrq_cli.common import (
     command_settings,
     console,
+    make_client,
 )
 
 
@@ -85,24 +86,38 @@ def down() -> None:
 
 
 def governor(reset: bool = typer.Option(False, "--reset", help="delete the snapshots: next starts are cold")) -> None:
-    """What workers' VRAM governors learned (one JSON line per snapshot in Redis), or --reset."""
-    from ocrq import keys, redis_conn
+    """What workers' VRAM governors learned (one JSON line per snapshot in Redis), or --reset;
+    with none, what each live worker batches by."""
+    from ocrq import keys
 
-    client = redis_conn.client(command_settings().redis)
-    found = sorted(client.scan_iter(keys.governor_profile("*")))
+    client = make_client(command_settings())
+    found = sorted(client.redis.scan_iter(keys.governor_profile("*")))
     if reset:
-        removed = client.delete(*found) if found else 0
+        removed = client.redis.delete(*found) if found else 0
         console.print(f"deleted {removed} governor snapshots")
         return
     for key in found:
-        raw = client.get(key)
+        raw = client.redis.get(key)
         if raw is None:  # expired since the scan
             continue
         snap = json.loads(raw)
         cal = snap.get("calibration", {})
         print(json.dumps({"key": key.decode(), "observations": cal.get("observations"),
                           "points": len(cal.get("points", [])), "count_limit": snap.get("limit"),
-                          "slow_start": snap.get("slow_start"), "ttl_s": client.ttl(key)}))
+                          "slow_start": snap.get("slow_start"), "ttl_s": client.redis.ttl(key)}))
+    if found:
+        return
+    console.print("no governor snapshots: the VRAM governor learns on GPU workers with batch.mode auto "
+                  "(configs/gpu-*.yaml), and keeps what it learned here for their restarts")
+    states = client.worker_states()
+    for state in states:
+        caps = state.get("capabilities") or {}
+        console.print(f"  {escape(str(state.get('process', {}).get('host', '?')))} pid "
+                      f"{state.get('process', {}).get('pid', '?')}: engine {caps.get('kind', '?')} on "
+                      f"{caps.get('device', '?')}, batch.mode {state.get('mode', '?')}, batches of up to "
+                      f"{state.get('count_limit', '?')} images", highlight=False)
+    if not states:
+        console.print("  no worker is running (`ocrq up`, or `ocrq worker` on each host)")
 
 
 def worker(queues: str | None = typer.Option(None, help="comma-separated queues (default: settings.queue.name)"),

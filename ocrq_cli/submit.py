@@ -19,14 +19,14 @@ from ocrq.messages import TASKS, check_task
 from ocrq_cli.common import (
     command_settings,
     console,
-    images,
     make_client,
+    outcome,
     print_counts,
-    print_failed,
     print_submitted,
-    wait_progress,
     write_results,
 )
+from ocrq_cli.progress import follow
+from producer.errors import InputUnreadable, SubmissionRefused
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 def submit(
     refs: list[str] = typer.Argument(None, help="paths, dirs, s3://bucket/key or prefix/, URLs, .jsonl/.csv manifests"),
     job: str = typer.Option(..., "--job", "-j"),
-    task: str = typer.Option("text", help=" | ".join(TASKS)),
+    task: str = typer.Option("text", help=" | ".join(TASKS) + " (rapidocr: text, spotting)"),
     param: list[str] = typer.Option([], "--param", "-p", help="task parameter key=value (JSON values)"),
     priority: int | None = typer.Option(None, min=0, max=9),
     wait: bool = typer.Option(False, "--wait", help="wait for every image to finish"),
@@ -58,11 +58,7 @@ def submit(
     openai_batch: str | None = typer.Option(None, "--openai-batch", help="an OpenAI Batch input file (path, "
                                             "s3:// key or URL), one image per line; --out is then a directory"),
 ) -> None:
-    """Submit image references as job JOB.
-
-    Exit codes: 0 submitted (with --wait: every image done), 2 submission refused (nothing
-    published), 3 (with --wait) some images failed, 4 (with --wait) timed out, 5 not confirmed
-    on the replicas (a Sentinel broker failed over: run it again)."""
+    """Submit image references as job JOB (exit codes: `ocrq --help`)."""
     if openai_batch is not None or not refs:  # (ocrq_cli.openai_batch)
         from ocrq_cli import openai_batch as batch
 
@@ -74,48 +70,26 @@ def submit(
         raise typer.BadParameter(str(exc), param_hint="--task") from exc
     settings = command_settings()
     client = make_client(settings)
+    client.check_supported(task, params, settings.queue.name)  # before any file is listed
     t0 = time.monotonic()
     try:
         plan = client.plan(refs)
-    except (OcrqError, ValueError) as exc:  # a container we cannot read: no traceback
-        console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
-        raise typer.Exit(code=2) from exc
+    except (OcrqError, ValueError) as exc:  # a container we cannot read: refused, nothing published
+        raise InputUnreadable(f"{type(exc).__name__}: {exc}") from exc
     _print_plan(job, plan)
     if plan.refused:
         plan.close()
-        console.print(f"[red]submission refused[/]: nothing published for job {escape(job)}")
-        raise typer.Exit(code=2)
+        raise SubmissionRefused(plan)
     if not plan.accepted:
         console.print(f"[yellow]no images in {escape(' '.join(refs))}[/]: job {escape(job)} has nothing to run")
-    from producer.acked import NotReplicated
-    from producer.client import BrokerFull
-
-    try:
-        with _submit_progress(plan.accepted) as progress:
-            handle = client.submit(plan, job=job, task=task, params=params, priority=priority,
-                                   parquet=parquet, republish=republish, progress=progress)
-    except BrokerFull as exc:  # the broker's Redis is full: new work waits, running jobs go on
-        console.print(f"[red]submission refused[/]: {escape(str(exc))}")
-        raise typer.Exit(code=2) from exc
-    except NotReplicated as exc:  # written, but not confirmed on the replicas: run it again
-        console.print(f"[red]submission not confirmed[/]: {escape(str(exc))}")
-        raise typer.Exit(code=5) from exc
-    except (OcrqError, ValueError) as exc:  # a bad job name: no traceback
-        console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
-        raise typer.Exit(code=2) from exc
+    with _submit_progress(plan.accepted) as progress:
+        handle = client.submit(plan, job=job, task=task, params=params, priority=priority,
+                               parquet=parquet, republish=republish, progress=progress)
     print_submitted(job, handle, time.monotonic() - t0, republish)
     if not (wait or out or show):
         return
-    try:
-        counts = wait_progress(handle, timeout)
-    except TimeoutError as exc:
-        counts = handle.status()
-        final = counts["done"] + counts["failed"]
-        console.print(f"[yellow]timed out[/] after {timeout:g}s: {final} of {images(counts['total'])} final in job "
-                      f"{escape(job)} (queued {counts['queued']}, running {counts['running']}, retrying "
-                      f"{counts['retrying']}). The job goes on: `ocrq status {job}` follows it, "
-                      f"`ocrq export {job} --wait` waits for its export")
-        raise typer.Exit(code=4) from exc
+    # (nothing new and all final: no progress to follow, and no rate to make up)
+    counts = handle.status() if not handle.published and handle.finished() else follow(client, job, timeout).counts
     elapsed = time.monotonic() - t0
     if out is not None:
         n = write_results(handle, out)
@@ -123,9 +97,7 @@ def submit(
     if show:
         _show(handle)
     print_counts(job, counts, elapsed, published=handle.published)
-    if counts["failed"]:
-        print_failed(client, job, counts["failed"])
-        raise typer.Exit(code=3)
+    outcome(client, job, counts)
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from ocrq import keys, names, redis_conn
+from ocrq.capabilities import refusal
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
 from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
@@ -50,6 +51,7 @@ from producer.errors import (
     SubmissionRefused,
     UnknownJob,
     UnsupportedTask,
+    unreachable,
 )
 from producer.job import Job
 
@@ -116,6 +118,28 @@ class Client:
         roots = {str(root): None for state in self.worker_states() for root in state.get("allowed_roots") or []}
         return [Path(r) for r in roots]
 
+    def engine_capabilities(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """What the engines of the live workers consuming ``queue`` honour (ocrq.capabilities)."""
+        queue = queue or self.settings.queue.name
+        return [s["capabilities"] for s in self.worker_states()
+                if isinstance(s.get("capabilities"), dict) and queue in (s.get("queues") or [])]
+
+    def check_supported(self, task: str, params: dict[str, Any] | None = None, queue: str | None = None) -> None:
+        """``UnsupportedTask`` (naming the engines that can) when no live worker of ``queue`` can
+        honour ``task`` with ``params``. With none live there is no one to ask: a worker that
+        gets it later fails the images typed."""
+        why = refusal(task, params, self.engine_capabilities(queue))
+        if why is not None:
+            raise UnsupportedTask(why)
+
+    def check_reachable(self, timeout: float = redis_conn.PROBE_TIMEOUT_S) -> None:
+        """``Unreachable`` unless Redis answers within ``timeout`` seconds (one try): a command
+        line says so at once instead of reconnecting for half a minute."""
+        try:
+            redis_conn.probe(self.settings.redis, timeout)
+        except (redis.RedisError, OSError) as exc:  # refused, timed out, a password wanted, not a Redis
+            raise unreachable(self.settings.redis.url, exc) from exc
+
     def plan(self, refs: Iterable[str], limits: LimitSettings | None = None,
              uploaded: Uploaded | None = None) -> IntakePlan:
         """Expand and check the refs without publishing anything (``IntakePlan.summary()``).
@@ -152,6 +176,7 @@ class Client:
         except ValueError as exc:
             raise UnsupportedTask(str(exc)) from None
         params = params or {}
+        self.check_supported(task, params, queue)
         params_size = message_bytes(params)
         if params_size > self.settings.queue.max_message_bytes // 4:
             raise ParamsTooLarge(f"task params of {params_size} bytes exceed a quarter of queue.max_message_bytes"

@@ -5,7 +5,8 @@ serve`` answers) and its exit code (what the ``ocrq`` command exits with), here 
     ├── Refused                        422    2   refused as asked: nothing was published
     │   ├── SubmissionRefused          422    2     some refs refused (``.plan`` lists each, with why)
     │   ├── InvalidName                422    2     a job or tenant name outside the grammar (ocrq.names)
-    │   ├── UnsupportedTask            422    2     a task no engine of the fleet can honour
+    │   ├── UnsupportedTask            422    2     a task or prompt no engine of the fleet can honour
+    │   ├── InputUnreadable            422    2     a manifest, folder or batch file that cannot be read
     │   └── ParamsTooLarge             422    2     task params over their share of a message
     ├── Unauthorized                   401    2   no token, or one ocrq does not know
     ├── UnknownJob                     404    1   no such job (for this tenant: another's is unknown too)
@@ -13,7 +14,13 @@ serve`` answers) and its exit code (what the ``ocrq`` command exits with), here 
     ├── RateLimited                    429    2   the tenant's request rate or images in flight (``retry_after``)
     ├── BrokerFull                     503    2   the broker's Redis is near its maxmemory
     ├── NotReplicated                  503    5   the submission could not be confirmed on the replicas
-    └── Unreachable                    503    2   Redis cannot be reached
+    ├── Unreachable                    503    2   Redis cannot be reached (within 3 s: ``Client.check_reachable``)
+    ├── NotFinished                    409    2   the job is not finished (an export asked for without waiting)
+    ├── ImagesFailed                   200    3   a wait ended: every image final, some failed
+    └── WaitTimedOut                   202    4   a wait ran out of time: the job goes on
+
+The last two are what a wait ended with, not a request's error: the API answers them as the
+job's state (200 with its counts, 202 while it runs); the ``ocrq`` command exits with their code.
 
 What a waiting command's exit code says (``ocrq --help``, README):
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ocrq import errors
 from ocrq.errors import RefusedRef, TooLarge
 from ocrq.redact import redact_text, redact_url
 
@@ -84,8 +92,17 @@ class InvalidName(Refused, ValueError):
     code = "invalid_name"
 
 
-class UnsupportedTask(Refused, ValueError):
+class UnsupportedTask(Refused, errors.UnsupportedTask, ValueError):
+    """A task, or a prompt, no engine of the fleet can honour (ocrq.capabilities): the message
+    names the engines that can. An OpenAI Batch line asking for one gets it as its error line."""
+
     code = "unsupported_task"
+
+
+class InputUnreadable(Refused):
+    """A manifest, folder or OpenAI Batch file that cannot be read (missing, not JSON lines, …)."""
+
+    code = "unreadable"
 
 
 class ParamsTooLarge(Refused, TooLarge):
@@ -165,3 +182,41 @@ class Unreachable(ClientError, ConnectionError):
     http_status = 503
     exit_code = EXIT_REFUSED
     code = "unavailable"
+
+
+def unreachable(url: str, exc: BaseException) -> Unreachable:
+    """The one message for a Redis that cannot be reached: where, why, and what to do."""
+    why = " ".join(str(exc).split()) or type(exc).__name__
+    return Unreachable(f"cannot reach Redis at {redact_url(url)} ({why}): start the embedded stack with "
+                       "`ocrq up`, or point OCRQ_REDIS__URL (redis.url) at your Redis")
+
+
+class NotFinished(ClientError):
+    """The job is not finished: what needs all of it (its export) waits, or is refused."""
+
+    http_status = 409
+    exit_code = EXIT_REFUSED
+    code = "not_finished"
+
+
+class ImagesFailed(ClientError):
+    """Every image of the wait is final and ``failed`` of them failed (their reasons are in the
+    failed registry: ``ocrq failed --job J``)."""
+
+    http_status = 200
+    exit_code = EXIT_SOME_FAILED
+    code = "images_failed"
+
+    def __init__(self, job: str, failed: int, total: int, what: str = "images") -> None:
+        super().__init__(f"{failed} of {total} {what} failed in job {job}")
+        self.job = job
+        self.failed = failed
+        self.total = total
+
+
+class WaitTimedOut(ClientError, TimeoutError):
+    """A wait ran out of time; the job goes on."""
+
+    http_status = 202
+    exit_code = EXIT_TIMEOUT
+    code = "wait_timeout"

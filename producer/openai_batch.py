@@ -26,6 +26,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq import keys
+from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
 from ocrq.fetch import fetch
 from ocrq.inline_images import InlineImages, is_data_uri
@@ -38,6 +39,7 @@ from ocrq.results import json_line
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 from producer.client import Client
+from producer.errors import UnsupportedTask
 from producer.job import Job
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
@@ -100,6 +102,7 @@ def plan_batch(client: Client, source: str, lines: Iterator[bytes] | None = None
     if not limits.allowed_roots and workers:
         limits = limits.model_copy(update={"allowed_roots": workers})
     inline = InlineImages(client.store, limits.max_bytes)
+    engines = client.engine_capabilities()  # a line no live engine can honour is rejected
     hosts: dict[tuple[str, int], str | None] = {}
     # (a data: URI is base64: 4/3 of its bytes; the rest of a line is small)
     max_line = limits.max_bytes * 4 // 3 + (1 << 20)
@@ -123,6 +126,9 @@ def plan_batch(client: Client, source: str, lines: Iterator[bytes] | None = None
             if key in seen:
                 raise DuplicateCustomId(f"custom_id {req.custom_id!r} repeats line {seen[key]}: the first runs")
             seen[key] = n
+            why = refusal(req.task, req.params, engines)
+            if why is not None:
+                raise UnsupportedTask(why)
             if is_data_uri(req.image):
                 ref = inline.ref(req.image)
             else:

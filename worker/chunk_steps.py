@@ -14,7 +14,8 @@ from concurrent.futures import Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from ocrq.errors import EngineTimeout, OcrqError, classify
+from ocrq.capabilities import unsupported
+from ocrq.errors import EngineTimeout, OcrqError, UnsupportedTask, classify
 from ocrq.messages import Chunk
 from ocrq.results import ImageRecord, ImageResult, ImageStatus, OcrOutput
 from worker import prepare as prep
@@ -82,9 +83,18 @@ def fetch(ctx: WorkerContext, chunk: Chunk) -> Fetched:
     """Fetch + hash in the fetch pool, a few groups per chunk (worker.fanout), overlapping other
     chunks' inference; typed errors from refs/documents, anything else classified."""
     fetched = Fetched({}, {})
+    caps = ctx.capabilities()
+    items = []
+    for it in chunk.items:  # a task or prompt this engine cannot honour fails typed, unfetched
+        why = unsupported(caps, *chunk.spec(it))
+        if why is None:
+            items.append(it)
+        else:
+            fetched.errors[it.id] = UnsupportedTask(f"{why}: it runs {', '.join(caps['tasks'])}"
+                                                    + ("" if caps["custom_prompt"] else ", without custom prompts"))
     outcomes = fan_out(ctx.fetch_pool, prep.fetch_groups(ctx, chunk), lambda it: prep.prepare(ctx, chunk, it),
-                       chunk.items)
-    for it, outcome in zip(chunk.items, outcomes, strict=True):
+                       items)
+    for it, outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, Exception):
             fetched.errors[it.id] = classify(outcome)
         else:
@@ -136,6 +146,12 @@ def infer(ctx: WorkerContext, chunk: Chunk, prepared: dict[str, Prepared], cache
         pending[(i, n)].append(fut)
         all_shared[(i, n)] = all_shared[(i, n)] and was_shared
     inferred = Inferred({}, {u for u, was in all_shared.items() if was}, {}, len(pending))
+    if ctx.progress is not None:  # each image as the engine finishes it, for those following the job
+        by_image: dict[str, list[Future[OcrOutput]]] = {}
+        for unit, futures in pending.items():
+            if not all_shared[unit]:
+                by_image.setdefault(unit[0], []).extend(futures)
+        ctx.progress.watch(chunk.job, by_image.values())
     # one wake-up when the chunk's last page is done (not one per engine batch: with batches of 4,
     # the thread slept and woke for every 4 images)
     wait([f for futures in pending.values() for f in futures], timeout=max(0.0, deadline - time.monotonic()))
@@ -189,4 +205,6 @@ def store(ctx: WorkerContext, chunk: Chunk, worker: str | None, prepared: dict[s
                                    lambda writes, new: ctx.cache.put_many(entries, documents=writes, new=new))
     ctx.index.record(records, requests=(len(entries) + len(writes), sum(cache.reads)), part=part)
     ctx.metrics.observe_records(chunk.task, records, time.monotonic() - t0)
+    if ctx.progress is not None:  # final without the engine (its finished images were counted as they finished)
+        ctx.progress.recorded(chunk.job, report.cached + report.failed)
     return Stored(report, len(docs))

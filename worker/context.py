@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ocrq import keys, redis_conn
+from ocrq.capabilities import CPU_ENGINES, capabilities
 from ocrq.jobs import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
@@ -22,6 +23,7 @@ from worker.decoding.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
 from worker.memory.costs import ModelProfile
 from worker.metrics import WorkerMetrics
+from worker.progress import ProgressCounter
 from worker.startup import StartupClock
 
 if TYPE_CHECKING:
@@ -52,6 +54,10 @@ class WorkerContext:
     feeder: Feeder | None = None
     #: where the worker's start went, phase by phase (worker.startup)
     startup: StartupClock = field(default_factory=StartupClock)
+    #: "gpu" when the engine runs on the GPU this process was given, else "cpu"
+    device: str = "cpu"
+    #: per-job progress between chunk records (worker.progress; None: not published)
+    progress: ProgressCounter | None = None
     _saved_observations: int = -1
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,6 +97,10 @@ class WorkerContext:
         with self._lock:
             self._inflight.pop(key, None)
 
+    def capabilities(self) -> dict[str, Any]:
+        """What this worker's engine honours (ocrq.capabilities), as its state publishes it."""
+        return capabilities(self.settings.engine.kind, self.device)
+
     def save_governor(self) -> None:
         """Persist what the governor learned, when it learned something new (the key's TTL is
         refreshed then too). Workers on identical GPUs share the key (docs/gpu.md): the snapshot
@@ -106,6 +116,8 @@ class WorkerContext:
     def close(self) -> None:
         if self.feeder is not None:
             self.feeder.stop()
+        if self.progress is not None:
+            self.progress.stop()
         self.metrics.close()
         self.loop.stop(timeout=30)
         self.engine.close()
@@ -144,7 +156,7 @@ def build_context(settings: Settings, queues: list[str] | None = None,
                   startup: StartupClock | None = None) -> WorkerContext:
     from worker.engine_kinds import build_engine
     from worker.loop.engine_loop import EngineLoop
-    from worker.memory.nvml import NvmlProbe
+    from worker.memory.nvml import NullProbe, NvmlProbe
 
     engine_settings = settings.engine
     if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
@@ -182,12 +194,16 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     store = make_store(settings.store, s3)
     pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
     decoder = make_decoder(settings.limits)
+    device = "cpu" if settings.engine.kind in CPU_ENGINES or isinstance(probe, NullProbe) else "gpu"
+    progress = ProgressCounter(client, settings.engine.kind, device)
+    progress.start()
     return WorkerContext(
         settings=settings, redis=client, s3_client=s3, store=store,
         cache=ResultCache(cache_client(settings, client), store, settings.redis.cache_ttl,
                           settings.redis.cache_max_bytes),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key, metrics=metrics, decoder=decoder, startup=startup,
+        governor_key=governor_key, metrics=metrics, decoder=decoder, startup=startup, device=device,
+        progress=progress,
     )
 
 

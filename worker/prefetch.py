@@ -144,6 +144,10 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 # producers check local refs against these before publishing (ocrq.intake)
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
                 st["store"] = ctx.store.location  # and read results from where workers write them
+                # what its engine honours, and where: producers refuse a task no live worker of
+                # the job's queue can run (ocrq.capabilities)
+                st["capabilities"] = ctx.capabilities()
+                st["queues"] = list(queues or [ctx.settings.queue.name])
                 # whose this worker is: `ocrq up` elsewhere refuses a second worker of this name
                 # on this Redis, `ocrq down` elsewhere points at this stack (ocrq.stack)
                 st["process"] = {"host": socket.gethostname(), "pid": os.getpid(),

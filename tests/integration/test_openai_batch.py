@@ -192,7 +192,7 @@ def test_reprocess_runs_a_failed_line_again_with_its_own_task_and_params(redis_u
     s3.put_object(Bucket=bucket, Key="late.png", Body=png)
     again = subprocess.run([sys.executable, "-m", "ocrq_cli", "reprocess", "--job", "late", "--wait"], env=env,
                            capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "re-published 1 failed images" in again.stderr, again.stderr
+    assert again.returncode == 0 and "re-published 1 image that failed" in again.stderr, again.stderr
     export = subprocess.run([sys.executable, "-m", "ocrq_cli", "export", "late", "--format", "openai-batch",
                              "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)
     assert export.returncode == 0, export.stderr

@@ -140,22 +140,23 @@ def test_dashboard_and_alerts_have_data(redis_url, start_worker, tmp_path):
         # the failure ratio alert's signal sees the broken image: 2 of 10 images failed
         (ratio,) = _query(prom_port, "ocrq:failure_ratio:rate15m")
         assert float(ratio["value"][1]) > 0.05
-        # and `ocrq status` prices the engine time the worker measured: prom-a ran the engine,
-        # prom-b was all cache hits
-        env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_GPU_HOUR_USD": "3.6"}
+        # and `ocrq status` prices the engine time the worker measured, named by what measured
+        # it (a CPU engine here: CPU-seconds at the CPU price): prom-a ran the engine, prom-b
+        # was all cache hits
+        env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_CPU_HOUR_USD": "3.6"}
         costs = {}
         for job in ("prom-a", "prom-b"):
             out = subprocess.run([sys.executable, "-m", "ocrq_cli", "status", job], env=env, capture_output=True,
                                  text=True, timeout=60)
             assert out.returncode == 0, out.stderr
-            assert "GPU-s" in out.stderr and "per 1,000 images at $3.60/GPU-h" in out.stderr
-            costs[job] = json.loads(out.stdout.splitlines()[-1])["cost"]
+            costs[job] = json.loads(out.stdout)["cost"]  # stdout is a pipe: JSON only
         (engine_s,) = _query(prom_port, "sum(ocrq_batch_seconds_sum)")
         assert costs["prom-a"]["engine_images"] == 4 and costs["prom-a"]["batches"] >= 1
-        assert costs["prom-a"]["gpu_seconds"] == pytest.approx(float(engine_s["value"][1]), rel=1e-3)
+        assert costs["prom-a"]["unit"] == "CPU-s" and costs["prom-a"]["hour_usd"] == 3.6
+        assert costs["prom-a"]["engine_seconds"] == pytest.approx(float(engine_s["value"][1]), rel=1e-3)
         assert costs["prom-a"]["usd_per_1000_images"] == pytest.approx(
-            costs["prom-a"]["gpu_seconds"] / 3600 * 3.6 / 4 * 1000, rel=1e-3)
-        assert costs["prom-b"]["gpu_seconds"] == 0 and costs["prom-b"]["done"] == 4
+            costs["prom-a"]["engine_seconds"] / 3600 * 3.6 / 4 * 1000, rel=1e-3)
+        assert costs["prom-b"]["engine_seconds"] == 0 and costs["prom-b"]["done"] == 4
     finally:
         replica.terminate()
         replica.wait(15)

@@ -50,3 +50,27 @@ def test_the_scores_tell_a_right_text_from_a_wrong_one() -> None:
     wrong = score(row, truth, "Lorem ipsum dolor sit amet")
     assert wrong.cer > MAX_MEAN_LOOSE and wrong.bag > MAX_MEAN_BAG
     assert score(row, truth, "").bag == 1.0
+
+
+def test_your_own_images_are_scored_with_the_same_report(tmp_path):
+    from bench.quality import OWN_IMAGES, main
+
+    # Given a folder of two images with their ground truth beside them, and one without
+    examples = REPORT.parents[1] / "examples" / "images"
+    for name, truth in (("invoice_en.png", "INVOICE"), ("single_line.png", None), ("receipt_en.png", "RECEIPT")):
+        (tmp_path / name).write_bytes((examples / name).read_bytes())
+        if truth:
+            (tmp_path / name).with_suffix(".txt").write_text(truth)
+    out = tmp_path / "mine.md"
+    before = REPORT.stat().st_mtime_ns
+    # When it is scored as docs/quality.md says
+    assert main(["--images", str(tmp_path), "--out", str(out)]) == 0
+    # Then the report has a row per image with truth, names the command, and docs/quality.md is untouched
+    text = out.read_text()
+    assert "| invoice_en.png | own |" in text and "| receipt_en.png | own |" in text and "single_line" not in text
+    assert f"`python -m bench quality --images {tmp_path}`" in text
+    assert REPORT.stat().st_mtime_ns == before
+    # and docs/quality.md says how, in the words the report's generator writes
+    assert "\n".join(OWN_IMAGES) in REPORT.read_text()
+    (tmp_path / "empty").mkdir()
+    assert main(["--images", str(tmp_path / "empty")]) == 2  # nothing to score: said so, exit 2
