@@ -19,6 +19,7 @@ import pytest
 from ocrq import keys
 from ocrq.settings import Settings
 from ocrq.stack import stop_group, wait_worker_state
+from tests.conftest import free_port
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]
 
@@ -32,6 +33,8 @@ def worker_env(redis_url: str, store: Path, roots: list[Path], **extra: str) -> 
         "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(r) for r in roots]),
         "OCRQ_QUEUE__BACKOFF_BASE": "0.2",
         "OCRQ_QUEUE__BACKOFF_MAX": "1",
+        # a stack started from this environment (`ocrq up`) serves its API on a port of its own
+        "OCRQ_API__PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("OCRQ_CONFIG", None)

@@ -70,6 +70,7 @@ def test_two_gpu_workers_share_one_queue_fairly(redis_url: str, redis_client: An
         "OCRQ_BATCH__MODE": "fixed", "OCRQ_BATCH__SIZE": "16", "OCRQ_QUEUE__CHUNK_SIZE": "16",
         "OCRQ_QUEUE__CONCURRENCY": "4", "OCRQ_METRICS_PORT": str(metrics), "OCRQ_METRICS_ADDR": "127.0.0.1",
         "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:test", "PYTHONUNBUFFERED": "1",
+        "OCRQ_API__PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("OCRQ_CONFIG", raising=False)
@@ -202,6 +203,7 @@ def test_a_gpus_second_engine_starts_once_its_first_is_ready(redis_url: str, red
         "OCRQ_STORE__KIND": "local", "OCRQ_STORE__PATH": str(tmp_path / "store"),
         "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(tmp_path)]), "OCRQ_ENGINE__KIND": "simulated",
         "OCRQ_METRICS_PORT": "0", "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:test",
+        "OCRQ_API__PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("OCRQ_CONFIG", raising=False)

@@ -50,6 +50,7 @@ def test_up_and_down_from_another_directory_name_the_stack_that_runs(
         redis_url: str, redis_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_ENGINE__KIND": "simulated",
            "OCRQ_FLOWER_PORT": str(free_port()), "OCRQ_FLOWER_BASIC_AUTH": "ops:test",
+           "OCRQ_API__PORT": str(free_port()),
            "OCRQ_METRICS_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
     for name in ("OCRQ_CONFIG", "OCRQ_VAR_DIR", "OCRQ_LIMITS__ALLOWED_ROOTS"):
         env.pop(name, None)
