@@ -31,6 +31,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 #: jobs a list request looks at, at most, to fill a page of one state
 _SCAN = 2000
+#: bytes of result lines per write of a results stream
+_STREAM_BYTES = 256 * 1024
 
 _CREATE_BODY = {
     "requestBody": {"required": True, "content": {
@@ -180,12 +182,20 @@ def results(job_id: str, who: Caller = Depends(caller), after: int = Query(0, ge
         return seen <= after
 
     def lines() -> Iterator[bytes]:
-        sent = 0
+        # about 256 KB a write: each item of a sync iterator is a hop to a thread and back
+        sent, block, size = 0, [], 0
         for result in handle.results(skip=skip if after else None):
-            yield json_line(result.to_line()) + b"\n"
+            line = json_line(result.to_line()) + b"\n"
+            block.append(line)
+            size += len(line)
             sent += 1
             if limit is not None and sent >= limit:
-                return
+                break
+            if size >= _STREAM_BYTES:
+                yield b"".join(block)
+                block, size = [], 0
+        if block:
+            yield b"".join(block)
 
     headers = {"Ocrq-Next-After": str(after + limit)} if limit is not None else {}
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
