@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api import health, jobs, openai_batches, openai_files
+from api import health, jobs, openai_batches, openai_files, pages
 from api.service import Service
 from api.uploads import InvalidRequest
 from api.webhooks import Deliverer
@@ -51,6 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(openai_files.router)
     app.include_router(openai_batches.router)
+    pages.install(app)  # the jobs pages: /, /jobs/{id}, /fleet, /login (api.pages)
     app.add_exception_handler(ClientError, _client_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(OcrqError, _ocrq_error)
