@@ -290,3 +290,18 @@ def test_a_page_says_when_redis_is_away(redis_client, tmp_path, monkeypatch):
     client.cookies.set("ocrq_token", token)
     r = client.get("/")
     assert r.status_code == 503 and "Redis cannot be reached" in r.text
+
+
+def test_the_filter_reads_each_state_as_the_api_says_it(site):
+    # Given jobs in every state of the seeded mix, one being submitted, one whose meta is gone
+    jobs = seed_jobs(site.redis, site.settings, "default", 100)
+    site.redis.set(keys.job_submitting(jobs[95]), "s1")
+    site.redis.delete(keys.job(jobs[3]))
+    from api.pages_data import states_of
+    from api.views import job_views
+
+    views = job_views(site.redis, site.settings, jobs, "/store/")
+    # Then the filter's one-script read gives every job the API's own state
+    assert states_of(site.redis, jobs) == [v["state"] if v else None for v in views]
+    assert {v["state"] for v in views if v} == {"succeeded", "partial", "running", "queued", "cancelled", "cancelling"}
+    assert states_of(site.redis, []) == []
