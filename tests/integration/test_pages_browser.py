@@ -180,6 +180,7 @@ def test_a_person_follows_cancels_and_reprocesses_jobs_in_a_browser(fleet):
         assert page.evaluate("document.cookie") == ""  # the page's scripts cannot read it
         page.keyboard.press("Tab")
         assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+        page.evaluate("document.activeElement.blur()")
         page.evaluate("window.__notReloaded = true")
 
         # When a 300-image job (one broken file) and a second job are submitted over the API
@@ -197,7 +198,6 @@ def test_a_person_follows_cancels_and_reprocesses_jobs_in_a_browser(fleet):
             new MutationObserver(() => window.__values.push(+bar.getAttribute("aria-valuenow")))
               .observe(bar, {attributes: true, attributeFilter: ["aria-valuenow"]}); }""", JOB)
         _until(lambda: 0 < _bar(page, JOB) < 300, 60, "the bar moving")
-        page.screenshot(path=str(ARTIFACTS / "jobs-running.png"))
 
         # and the second job is cancelled from its page, through the confirm step
         tab = ctx.new_page()
@@ -211,6 +211,7 @@ def test_a_person_follows_cancels_and_reprocesses_jobs_in_a_browser(fleet):
         doomed = _api(f, "default", "GET", f"/v1/jobs/{DOOMED}").json()
         assert doomed["state"] == "cancelled" and doomed["counts"]["cancelled"] >= 250, doomed["counts"]
         tab.close()
+        page.screenshot(path=str(ARTIFACTS / "jobs-running.png"))  # (one running, one cancelled)
 
         # the first job's bar goes on to its end: every image final (one failed), no reload
         _until(lambda: _state(page, JOB) in ("partial", "failed", "succeeded"), 180, "the job's end")
@@ -219,7 +220,6 @@ def test_a_person_follows_cancels_and_reprocesses_jobs_in_a_browser(fleet):
         assert values == sorted(values), values
         assert _state(page, JOB) == "partial" and page.evaluate("window.__notReloaded") is True
         assert _state(page, DOOMED) == "cancelled" and not page.is_visible("[data-empty]")
-        page.evaluate("document.activeElement.blur()")
         page.screenshot(path=str(ARTIFACTS / "jobs.png"))
 
         # The job's page: counts, plots, the failure by type with its file, the export, the webhook delivered
