@@ -217,15 +217,15 @@ def job(request: Request, job_id: str, who: Caller = Depends(caller),
 
 @live.get("/jobs/{job_id}")
 def live_job(job_id: str, who: Caller = Depends(caller)) -> JSONResponse:
-    page = pages_data.job_page(who.svc, who.tenant, job_id)
+    page = pages_data.job_numbers(who.svc, who.tenant, job_id)
     return JSONResponse(pages_data.live_job(page), headers={"Cache-Control": "no-store"})
 
 
 @router.get("/jobs/{job_id}/cancel")
 def cancel_confirm(request: Request, job_id: str, who: Caller = Depends(caller)) -> Response:
-    page = pages_data.job_page(who.svc, who.tenant, job_id)
+    page = pages_data.job_numbers(who.svc, who.tenant, job_id)
     return _page(request, "confirm.html", **_common(who, request, "jobs"), action="cancel", view=page["view"],
-                 error=None)
+                 error=None, final=page["view"]["state"] in FINAL_STATES)
 
 
 @router.post("/jobs/{job_id}/cancel")

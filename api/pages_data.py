@@ -5,7 +5,7 @@ Cost per request, whatever the number of jobs: the list is one ``ZREVRANGE`` + `
 pipeline of three commands per job shown (``api.views.read_raw``); a state filter reads at most
 ``SCAN`` jobs. One job is that pipeline for one, its ``_SUCCESS`` marker (one store read, once
 exported), at most ``FAILURES_READ`` failure records (one batched store read) and its last
-``DELIVERIES_SHOWN`` webhook attempts.
+``DELIVERIES_SHOWN`` webhook attempts; what its page polls is the pipeline alone (``job_numbers``).
 """
 
 from __future__ import annotations
@@ -176,8 +176,9 @@ def _views(svc: Service, jobs: list[str], location: str) -> list[dict[str, Any]]
     return [v for v in _views_or_none(svc, jobs, location) if v is not None]
 
 
-def job_page(svc: Service, tenant: Tenant, name: str, now: float | None = None) -> dict[str, Any]:
-    """One job of the tenant, as its page shows it (``UnknownJob`` for another tenant's too)."""
+def job_numbers(svc: Service, tenant: Tenant, name: str, now: float | None = None) -> dict[str, Any]:
+    """What a job's page polls: its view, its plots' series and the key of its other parts (one
+    pipeline and an ``LLEN``: no store read), ``UnknownJob`` for another tenant's job too."""
     job = svc.job_name(tenant, name)
     ((raw_meta, raw_counts, submitting),) = read_raw(svc.redis, [job])
     if not raw_meta:
@@ -188,19 +189,25 @@ def job_page(svc: Service, tenant: Tenant, name: str, now: float | None = None) 
     moving = view["state"] in fmt.MOVING
     points = progress_points(svc, job, float(meta.get("created") or 0), cost["last_done"],
                              counts["done"] + counts["failed"], moving, now)
+    return {"job": job, "meta": meta, "view": view, "row": fmt.row(view, now), "moving": moving,
+            "series": series(points), "sections": sections_key(svc, job, view)}
+
+
+def job_page(svc: Service, tenant: Tenant, name: str, now: float | None = None) -> dict[str, Any]:
+    """One job of the tenant, as its page shows it: ``job_numbers`` and its failures by type,
+    export marker and webhook deliveries."""
+    page = job_numbers(svc, tenant, name, now)
+    job, view = page["job"], page["view"]
     deliveries = Outbox(svc.redis, svc.settings.redis.job_ttl)
-    return {
-        "job": job, "view": view, "row": fmt.row(view, now), "moving": moving,
-        "series": series(points),
-        "cost": cost,
+    page.update({
         "deliveries": deliveries.deliveries(job, DELIVERIES_SHOWN),
         # (an event's URL and body stay out: the attempts carry the URL redacted)
         "pending": [{k: e.get(k) for k in ("id", "type", "attempts", "created")} for e in deliveries.pending(job)]
-        if meta.get("webhook") else [],
+        if page["meta"].get("webhook") else [],
         "marker": _marker(svc, job) if view["export"]["written"] else None,
-        "failures": failure_groups(svc, job, counts["failed"]),
-        "sections": sections_key(svc, job, view),
-    }
+        "failures": failure_groups(svc, job, view["counts"]["failed"]),
+    })
+    return page
 
 
 def sections_key(svc: Service, job: str, view: dict[str, Any]) -> str:
@@ -249,7 +256,8 @@ def failure_groups(svc: Service, job: str, failed: int, read: int = FAILURES_REA
 
 
 def live_job(page: dict[str, Any]) -> dict[str, Any]:
-    """The small JSON the job's page polls: its numbers, plots and the key of its other parts."""
+    """The small JSON the job's page polls (from ``job_numbers``): its numbers, plots and the key
+    of its other parts."""
     view = page["view"]
     counts = view["counts"]
     cells = {k: fmt.count(v) for k, v in counts.items()}

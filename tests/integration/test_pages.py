@@ -189,12 +189,16 @@ def test_cancel_and_reprocess_need_the_session_csrf_token(site):
     assert r.status_code == 303 and r.headers["location"] == f"/jobs/{running}?notice=cancelled"
     assert site.redis.hget(keys.job(running), "cancelled") is not None
     assert "Cancel sent" in client.get(r.headers["location"]).text
+    done = jobs[0]  # (succeeded)
+    assert "Nothing to cancel" in client.get(f"/jobs/{done}/cancel").text
     # Reprocess of one error type: 3 failures in Redis's registry, of 3 types (one each)
     page = client.get(f"/jobs/{failed}").text
     assert "BadImage" in page and "FetchFailed" in page and "retries ran out" in page
     assert client.post(f"/jobs/{failed}/reprocess", data={"error": "BadImage"}).status_code == 403
     confirm = client.get(f"/jobs/{failed}/reprocess?error=BadImage")
-    assert "failed with <code>BadImage</code>" in confirm.text
+    assert "failed with <code>BadImage</code>" in confirm.text and "<strong>1</strong> image(s)" in confirm.text
+    nothing = client.get(f"/jobs/{failed}/reprocess?error=NoSuchError").text
+    assert "Nothing to run again" in nothing and "Run them again" not in nothing
     r = client.post(f"/jobs/{failed}/reprocess", data={"csrf": _csrf(confirm.text), "error": "BadImage"})
     assert r.status_code == 303 and "notice=reprocessed" in r.headers["location"] and "n=1" in r.headers["location"]
     assert "1 image(s) queued again" in client.get(r.headers["location"]).text
@@ -305,3 +309,21 @@ def test_the_filter_reads_each_state_as_the_api_says_it(site):
     assert states_of(site.redis, jobs) == [v["state"] if v else None for v in views]
     assert {v["state"] for v in views if v} == {"succeeded", "partial", "running", "queued", "cancelled", "cancelling"}
     assert states_of(site.redis, []) == []
+
+
+def test_what_a_job_page_polls_reads_no_store(site, monkeypatch):
+    # Given a finished job with failures and an export (its page reads them from the store)
+    (job,) = seed_jobs(site.redis, site.settings, "default", 1)
+    seed_detail(site.redis, site.settings, job, archived=True, failures=5)
+    client = _signed_in(site)
+    assert "BadImage" in client.get(f"/jobs/{job}").text
+    # When its page polls, nothing is read from the store (S3: no GET per poll and open tab)
+    store = site.app.state.service.client.store
+
+    def no_store_read(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the live JSON read the store")
+
+    for method in ("get_many", "get_json", "list", "open_file"):
+        monkeypatch.setattr(store, method, no_store_read)
+    live = client.get(f"/live/jobs/{job}").json()
+    assert live["cells"]["failed"] == "5" and live["state"] == "partial" and live["sections"].startswith("partial:5:")

@@ -275,6 +275,17 @@ def test_a_person_follows_cancels_and_reprocesses_jobs_in_a_browser(fleet):
         assert THEIRS not in page.inner_text("main")
         assert _api(f, "acme", "GET", f"/v1/jobs/{THEIRS}").json()["cancelled_at"] is None
 
+        # Every page: its language, one h1, a label on every control, a name and a sentence on every bar
+        for path in ("/", f"/jobs/{JOB}", f"/jobs/{JOB}/reprocess", "/fleet"):
+            page.goto(f.base + path)
+            assert page.evaluate("""() => document.documentElement.lang === "en"
+                && document.querySelectorAll("h1").length === 1
+                && [...document.querySelectorAll("input:not([type=hidden]), select, textarea, button")]
+                     .every(e => e.labels.length || e.getAttribute("aria-label") || e.textContent.trim())
+                && [...document.querySelectorAll("[role=progressbar]")]
+                     .every(b => b.getAttribute("aria-label") && b.getAttribute("aria-valuetext"))
+                && [...document.querySelectorAll("a")].every(a => a.textContent.trim())"""), path
+
         # On a phone: one column, nothing wider than the screen
         phone = browser.new_context(viewport={"width": 390, "height": 844}, storage_state=ctx.storage_state(),
                                     is_mobile=True, has_touch=True)
