@@ -33,7 +33,8 @@ from starlette.templating import Jinja2Templates
 
 from api import pages_data, pages_fleet, pages_session
 from api import pages_format as fmt
-from api.auth import Caller, caller, service, token_of
+from api.auth import Caller, service, token_of
+from api.auth import session_caller as caller  # (the forms check their own CSRF token)
 from api.views import FINAL_STATES, STATES
 from producer.errors import ClientError, Unauthorized, UnknownJob
 

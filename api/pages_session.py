@@ -11,16 +11,14 @@ short-lived cookie (double submit), so another site cannot sign a browser in as 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 
-from api.auth import COOKIE, token_of
+from api.auth import COOKIE, Forbidden, csrf_token, token_of
 from ocrq.settings import Settings
-from producer.errors import ClientError
 
 #: the sign-in form's double-submit cookie (lives as long as the form may stay open)
 LOGIN_COOKIE = "ocrq_login"
@@ -28,19 +26,6 @@ LOGIN_COOKIE_S = 3600
 #: how long a browser keeps a session (the token stays valid until revoked; this only bounds
 #: how long an unattended browser holds it)
 SESSION_S = 12 * 3600
-_LABEL = b"ocrq-page-csrf-v1"
-
-
-class Forbidden(ClientError):
-    """A page's POST without its CSRF token (or with another session's)."""
-
-    http_status = 403
-    code = "forbidden"
-
-
-def csrf_token(token: str) -> str:
-    """The forms' CSRF token of the session holding ``token``."""
-    return hmac.new(token.encode(), _LABEL, hashlib.sha256).hexdigest()
 
 
 def check_csrf(request: Request, sent: str | None) -> None:

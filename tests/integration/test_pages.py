@@ -327,3 +327,22 @@ def test_what_a_job_page_polls_reads_no_store(site, monkeypatch):
         monkeypatch.setattr(store, method, no_store_read)
     live = client.get(f"/live/jobs/{job}").json()
     assert live["cells"]["failed"] == "5" and live["state"] == "partial" and live["sections"].startswith("partial:5:")
+
+
+def test_the_api_refuses_a_cookie_signed_change_without_the_csrf_token(site):
+    # Given a browser signed in to the pages (its cookie rides along with any request to the site)
+    jobs = seed_jobs(site.redis, site.settings, "default", 90)
+    running = jobs[85]
+    client = _signed_in(site)
+    # Then reads of the API work with the cookie, a change does not without the session's token
+    assert client.get(f"/v1/jobs/{running}").status_code == 200
+    r = client.post(f"/v1/jobs/{running}/cancel")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    assert client.post("/v1/jobs", json={"refs": ["https://example.com/a.png"]}).status_code == 403
+    assert site.redis.hget(keys.job(running), "cancelled") is None
+    # with it (the site's own scripts), or with a bearer header (an API client), it does
+    ok = client.post(f"/v1/jobs/{running}/cancel", headers={"X-CSRF-Token": csrf_token(site.tokens["default"])})
+    assert ok.status_code == 200 and ok.json()["cancelled_at"]
+    bearer = TestClient(site.app).post(f"/v1/jobs/{jobs[86]}/cancel",
+                                       headers={"Authorization": f"Bearer {site.tokens['default']}"})
+    assert bearer.status_code == 200
