@@ -12,6 +12,10 @@ Pages read what the API reads (``api.views``, ``producer.Client``) under the sam
 another tenant's job is unknown (404). Actions are POST forms behind a confirm page, each with
 the session's CSRF token (``api.pages_session``). Every response carries a strict Content
 Security Policy: scripts and styles from this origin only.
+
+Nothing is kept for a browser: no session in Redis (the token is the cookie), so the pages add no
+Redis key and no memory per user, and any replica answers any request. What a request reads is
+bounded whatever the number of jobs (``api.pages_data``, ``api.pages_fleet``).
 """
 
 from __future__ import annotations
