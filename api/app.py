@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import health, jobs, openai_batches, openai_files
+from api import health, jobs, openai_batches, openai_files, pages
 from api.service import Service
 from api.uploads import InvalidRequest
 from api.webhooks import Deliverer
@@ -67,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(openai_files.router)
     app.include_router(openai_batches.router)
+    pages.install(app)  # the jobs pages: /, /jobs/{id}, /fleet, /login (api.pages)
     app.add_exception_handler(ClientError, _client_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -74,6 +74,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("decode-isolation", "decoding in child processes vs in-process, decode only and end to end",
              _m("bench.decode_isolation", "--images", "600", "--photos", "32", "--out", "{run}/decode-isolation.md"),
              False, "docs/bench/decode-isolation.md"),
+    Scenario("pages", "the jobs pages: GET / and /jobs/{id} of a tenant with 10,000 jobs beside 10 (p50/p99)",
+             _m("bench.pages", "--jobs", "10000", "--out", "docs/bench/pages.md"), False, "docs/bench/pages.md"),
     Scenario("quality", "the CPU engine's CER on the research corpus; writes docs/quality.md",
              _m("bench.quality"), False, "docs/quality.md"),
     Scenario("server-bodies", "vllm-server request bodies (JSON vs spliced PPM) against the worker's GIL",

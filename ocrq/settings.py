@@ -341,6 +341,10 @@ class ApiSettings(_Section):
     #: the jobs page's login cookie is sent over HTTPS only (None: when the request came over
     #: HTTPS, or through a proxy that says so)
     cookie_secure: bool | None = None
+    #: where the jobs page's fleet view links to Flower (the Celery tasks) and Prometheus; None:
+    #: no link (credentials in a URL are never shown)
+    flower_url: str | None = None
+    prometheus_url: str | None = None
 
 
 class Settings(BaseSettings):

@@ -249,8 +249,10 @@ class Stack:
         api = self.settings.api
         url = f"http://{api.host}:{api.port}"
         if not self.pid("api"):
+            # (the jobs pages' fleet view links this stack's Flower)
+            links = {} if api.flower_url else {"OCRQ_API__FLOWER_URL": f"http://127.0.0.1:{self.settings.flower_port}"}
             self._spawn("api", [sys.executable, "-m", "ocrq_cli", "serve", "--token-file", str(token_file)],
-                        {**env, "OCRQ_API__HOST": api.host, "OCRQ_API__PORT": str(api.port)})
+                        {**env, "OCRQ_API__HOST": api.host, "OCRQ_API__PORT": str(api.port), **links})
         deadline = time.time() + 30
         while True:
             try:
@@ -262,7 +264,7 @@ class Stack:
                 if time.time() > deadline:
                     raise RuntimeError(f"the API did not answer on {url}; see {self.log_dir / 'api.log'}") from None
                 time.sleep(0.2)
-        return f"{url} (docs {url}/docs; bearer token: {token_file})"
+        return f"{url} (jobs pages {url}/, API docs {url}/docs; bearer token and sign-in: {token_file})"
 
     def _refuse_conflicts(self, url: str, plans: list[WorkerPlan]) -> None:
         """``StackConflict`` when a worker this stack would start already runs on ``url`` from

@@ -145,9 +145,15 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
                 st["store"] = ctx.store.location  # and read results from where workers write them
                 # what its engine honours, and where: producers refuse a task no live worker of
-                # the job's queue can run (ocrq.capabilities)
+                # the job's queue can run (ocrq.capabilities); and what the jobs page's fleet view
+                # shows: the engine, the device and its memory
                 st["capabilities"] = ctx.capabilities()
                 st["queues"] = list(queues or [ctx.settings.queue.name])
+                st["engine_kind"] = ctx.settings.engine.kind
+                probe = getattr(ctx.loop, "probe", None)
+                st["device"] = getattr(probe, "device", None)
+                mem = probe.read() if probe is not None else None
+                st["device_memory"] = {"used": mem.used, "total": mem.total} if mem is not None else None
                 # whose this worker is: `ocrq up` elsewhere refuses a second worker of this name
                 # on this Redis, `ocrq down` elsewhere points at this stack (ocrq.stack)
                 st["process"] = {"host": socket.gethostname(), "pid": os.getpid(),

@@ -40,7 +40,8 @@ def test_the_newcomer_walk(tmp_path: Path) -> None:
     pages[0].save(scans / "two-pages.pdf", "PDF", save_all=True, append_images=pages[1:])
     (scans / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(200))
     env = {k: v for k, v in os.environ.items() if not k.startswith("OCRQ_")}
-    env.update(OCRQ_REDIS__URL=f"redis://127.0.0.1:{free_port()}/0", OCRQ_FLOWER_PORT=str(free_port()), OCRQ_API__PORT=str(free_port()),
+    env.update(OCRQ_REDIS__URL=f"redis://127.0.0.1:{free_port()}/0", OCRQ_FLOWER_PORT=str(free_port()),
+               OCRQ_API__PORT=str(free_port()),
                OCRQ_METRICS_PORT=str(free_port()), PYTHONUNBUFFERED="1", COLUMNS="200")
     up = _ocrq(["up"], home, env)
     pids: list[int] = []

@@ -129,6 +129,10 @@ def test_ops_configs_agree_with_each_other() -> None:
     for target in targets:
         host, port = target.split(":")
         assert host in compose["services"], target
+        command = compose["services"][host].get("command") or []
+        if command[:2] == ["ocrq", "metrics"]:  # the Redis-level exporter listens on its --port
+            assert command[command.index("--port") + 1] == port, target
+            continue
         assert _environment(compose["services"][host]).get("OCRQ_METRICS_PORT",
                                                             compose["x-ocrq-env"]["OCRQ_METRICS_PORT"]) == port
     assert Settings.model_fields["metrics_port"].default == 9809

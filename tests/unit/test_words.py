@@ -34,7 +34,8 @@ VENDORED = ("api/swagger/",)
 def tracked_text_files() -> list[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [p for p in out.splitlines()
-            if p != SELF and not p.startswith(VENDORED) and (p.endswith(TEXT) or p.rsplit("/", 1)[-1] in NAMES) and (ROOT / p).is_file()]
+            if p != SELF and not p.startswith(VENDORED)
+            and (p.endswith(TEXT) or p.rsplit("/", 1)[-1] in NAMES) and (ROOT / p).is_file()]
 
 
 def offending_lines(path: str) -> list[str]:
