@@ -32,8 +32,13 @@ state is in the store. For each key: what it holds, then how it grows and what b
                                      finish, so no export of half a submission
         per job being submitted; deleted at the end, else 600 s (refreshed per window of refs)
     ocrq:job:{job}:finishing   STR   set (NX) by the worker that saw the job complete and
-                                     published its export; cleared by new work (submit, reprocess)
+                                     published its export (its value: when, epoch s; the export
+                                     sweep asks again once it is redis.export_stale_s old and
+                                     the job is not archived); cleared by new work (submit, reprocess)
         per job; job_ttl
+    ocrq:exports:sweep         STR   held (NX) by the worker sweeping for finished jobs without
+                                     their export (worker.export_sweep)
+        one key; TTL redis.export_sweep_s
     ocrq:hot                   HASH  the hot cache's state: current generation, bytes written
         one key (on redis.cache_url); cache_ttl
     ocrq:hot:{generation}      HASH  cache key -> OcrOutput list JSON (hot copy)
@@ -121,11 +126,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from ocrq.errors import RefusedKey
+from ocrq.names import shown
+
 PREFIX = "ocrq:"
 JOBS = PREFIX + "jobs"
+#: held by the worker sweeping for finished jobs without their export (worker.export_sweep)
+EXPORT_SWEEP = PREFIX + "exports:sweep"
 #: the hot cache's state: its current generation and the bytes written into it (worker.cache)
 HOT_STATE = PREFIX + "hot"
 
@@ -213,6 +224,34 @@ GOVERNOR_PROFILE_TTL_S = 30 * 86400
 
 
 # --- durable store paths (relative to the store prefix) -------------------------------------
+
+#: the longest store path (S3 keys are at most 1,024 bytes, the store's prefix included)
+MAX_STORE_PATH = 960
+#: characters no store path holds: control characters and the backslash (a separator on Windows
+#: tools that read an export)
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def check_store_path(path: object, *, prefix: bool = False) -> str:
+    """``path`` when it names something under a store's root, else ``RefusedKey``: every store
+    (local files, SQLite, S3) calls it on every path it is given, whoever the caller. Relative,
+    ``/``-separated, no empty, ``.`` or ``..`` segment, no control character, at most
+    ``MAX_STORE_PATH`` bytes. ``prefix``: a listing prefix, which may be empty or end in ``/``."""
+    if not isinstance(path, str):
+        raise RefusedKey(f"a store path must be text, not {type(path).__name__}")
+    if prefix and path == "":
+        return path
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if not path or size > MAX_STORE_PATH:
+        raise RefusedKey(f"store path of {size} bytes (1 to {MAX_STORE_PATH})")
+    segments = path.split("/")
+    if prefix and segments[-1] == "":
+        segments.pop()
+    if path.startswith("/") or any(seg in ("", ".", "..") for seg in segments) or _BAD_PATH_CHARS.search(path):
+        raise RefusedKey(f"store path {shown(path)} leaves the store's root or is malformed "
+                         "(relative, '/'-separated, no '', '.' or '..' segment, no control character)")
+    return path
+
 
 def cache_object(cache_key: str) -> str:
     return f"cache/{cache_key}.json"

@@ -56,6 +56,13 @@ class RedisSettings(BaseModel):
     #: seconds between a worker's sweeps for dead workers' messages (an orphan is restored on
     #: the second sweep that finds it unclaimed)
     reaper_interval_s: int = 20
+    #: seconds between sweeps for finished jobs without their export (worker.export_sweep; one
+    #: worker of the fleet sweeps each time): a job whose last image ended while Redis refused
+    #: writes or was away gets its export asked for again
+    export_sweep_s: float = Field(default=30.0, gt=0)
+    #: a job's export asked for this long ago and still not written (a finish message lost with a
+    #: worker, or given up) is asked for again by the sweep (a duplicate export is harmless)
+    export_stale_s: float = Field(default=900.0, gt=0)
     #: TTL of hot cache entries in Redis (the durable copy lives in the store)
     cache_ttl: int = 7 * 24 * 3600
     #: where the hot cache lives (None: on ``url``, beside the broker). A Redis of its own for

@@ -78,13 +78,15 @@ class Stored:
     documents: int
 
 
-def fetch(ctx: WorkerContext, chunk: Chunk) -> Fetched:
+def fetch(ctx: WorkerContext, chunk: Chunk, refused: dict[str, OcrqError] | None = None) -> Fetched:
     """Fetch + hash in the fetch pool, a few groups per chunk (worker.fanout), overlapping other
-    chunks' inference; typed errors from refs/documents, anything else classified."""
-    fetched = Fetched({}, {})
+    chunks' inference; typed errors from refs/documents, anything else classified. The images
+    the message refused (``ocrq.messages.read_chunk``) are never fetched: their error stands."""
+    fetched = Fetched({}, dict(refused or {}))
+    todo = [it for it in chunk.items if it.id not in fetched.errors]
     outcomes = fan_out(ctx.fetch_pool, prep.fetch_groups(ctx, chunk), lambda it: prep.prepare(ctx, chunk, it),
-                       chunk.items)
-    for it, outcome in zip(chunk.items, outcomes, strict=True):
+                       todo)
+    for it, outcome in zip(todo, outcomes, strict=True):
         if isinstance(outcome, Exception):
             fetched.errors[it.id] = classify(outcome)
         else:

@@ -25,6 +25,7 @@ from worker.metrics import WorkerMetrics
 from worker.startup import StartupClock
 
 if TYPE_CHECKING:
+    from worker.export_sweep import ExportSweeper
     from worker.feeder import Feeder
     from worker.governor.governor import Governor
     from worker.memory.nvml import MemoryProbe
@@ -50,6 +51,8 @@ class WorkerContext:
     governor_key: str | None = None
     #: feeds the queue from submission shards (worker.feeder; set once the Celery app exists)
     feeder: Feeder | None = None
+    #: asks again for the export of finished jobs that lack it (worker.export_sweep)
+    sweeper: ExportSweeper | None = None
     #: where the worker's start went, phase by phase (worker.startup)
     startup: StartupClock = field(default_factory=StartupClock)
     _saved_observations: int = -1
@@ -106,6 +109,8 @@ class WorkerContext:
     def close(self) -> None:
         if self.feeder is not None:
             self.feeder.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.metrics.close()
         self.loop.stop(timeout=30)
         self.engine.close()

@@ -83,6 +83,11 @@ class WorkerMetrics:
                                ["reason"], registry=r)
         self.failures = Counter("ocrq_image_failures", "Images failed for good, by error type.",
                                 ["reason"], registry=r)
+        self.dropped = Counter("ocrq_messages_dropped", "Broker messages (chunk, finish) or chunk items (item) "
+                               "dropped unread: no job name or image id ocrq writes (a message not from its "
+                               "producer).", ["what"], registry=r)
+        for what in ("chunk", "finish", "item"):
+            self.dropped.labels(what)
         self.cache_hits = Counter("ocrq_cache_hits", "Cache lookups that found a result.", registry=r)
         self.cache_misses = Counter("ocrq_cache_misses", "Cache lookups that went to the engine.", registry=r)
         self.batch_size = Histogram("ocrq_batch_size", "Images per engine call.", buckets=_BATCH_SIZES,
@@ -122,6 +127,9 @@ class WorkerMetrics:
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
+
+    def observe_dropped(self, what: str, n: int) -> None:
+        self.dropped.labels(what).inc(n)
 
     def observe_cache(self, hits: int, misses: int) -> None:
         self.cache_hits.inc(hits)
