@@ -34,8 +34,9 @@ from typing import Any, Literal
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import RefusedRef
-from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
-from ocrq.redact import redact_text
+from ocrq.lines import LongLine
+from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_LINE_BYTES, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
+from ocrq.redact import redact_text, shown_ref
 from ocrq.refs import BAD_REF_PREFIX, parse, suffix
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
@@ -94,7 +95,7 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
     except RefusedRef as exc:
         yield _refused(raw, str(exc))
         return
-    lines: Iterator[str]
+    lines: Iterator[str | LongLine]
     if ref.kind == "local":
         if os.path.isdir(ref.value):
             yield from _walk(Path(ref.value), limits, row)
@@ -120,8 +121,10 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
         yield _refused(ref.value, f"manifests nested deeper than {MAX_MANIFEST_DEPTH}: {ref.value}")
         return
     for line_no, entry, extra in manifest_rows(lines, csv=suffix(ref.value) == ".csv"):
-        where = f"line {line_no} of {ref.value}"
-        if entry is None:
+        where = f"line {line_no} of {shown_ref(ref.value)}"
+        if isinstance(entry, LongLine):
+            yield _refused(where, f"{where} has {entry.length:,} bytes: more than {MAX_LINE_BYTES:,} (not read)")
+        elif entry is None:
             yield _refused(where, f"no reference on {where}")
         elif extra and len(json.dumps(extra, default=str)) > MAX_ROW_BYTES:
             yield _refused(where, f"extra columns over {MAX_ROW_BYTES} bytes on {where}")

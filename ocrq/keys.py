@@ -88,9 +88,10 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}results/{job}/export/results.jsonl    every result line of the job (written at completion)
     {prefix}results/{job}/export/results.parquet  the same rows, when the job asked for Parquet
     {prefix}results/{job}/export/_SUCCESS   written last: the export is complete (JSON: counts, files)
-    {prefix}inputs/{sha256}                 an inline image (a ``data:`` URI of an OpenAI Batch line),
-                                            content-addressed, submitted as ``store:inputs/{sha256}``
-                                            (``ocrq.inline_images``)
+    {prefix}inputs/{job}/{sha256}           an inline image (a ``data:`` URI of an OpenAI Batch line)
+                                            of one job, content-addressed within it, submitted as
+                                            ``store:inputs/{job}/{sha256}``; a worker reads it only for
+                                            a chunk of that job (``ocrq.inline_images``, ``ocrq.fetch``)
     {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
@@ -105,7 +106,7 @@ row (``{"custom_id": ...}``, so it is part of the image id and comes back in its
 by the submission's ref shards and the result documents in the store, like any row; its own task
 and params ride in its shard line (a fourth element) and its chunk message. Per line of a file the
 store grows by that row in one shard line and one result document, plus one ``inputs/`` object
-per distinct inline image and one error line per rejected line; Redis holds only the per-image
+per distinct inline image of the job and one error line per rejected line; Redis holds only the per-image
 marker every submission has, until the job is archived.
 
 The store is the history: per image of a job it grows by one result document (a line of a
@@ -335,9 +336,10 @@ def openai_rejected(job_name: str, file_digest: str) -> str:
     return f"{openai_rejected_prefix(job_name)}{file_digest}.jsonl"
 
 
-def inline_input(content_sha256: str) -> str:
-    """An inline image's bytes (``ocrq.inline_images``): a ``store:`` ref names this path."""
-    return f"inputs/{content_sha256}"
+def inline_input(job_name: str, content_sha256: str) -> str:
+    """An inline image's bytes, of job ``job_name`` (``ocrq.inline_images``): a ``store:`` ref
+    names this path, and only that job's chunks may read it (``ocrq.fetch``)."""
+    return f"inputs/{job_name}/{content_sha256}"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

@@ -118,7 +118,7 @@ class LimitSettings(BaseModel):
     #: buckets s3:// references may read (empty: any bucket the credentials can read)
     s3_buckets: list[str] = Field(default_factory=list)
     #: schemes a reference may use (``store``: inline images ocrq wrote to its own store,
-    #: ``store:inputs/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
+    #: ``store:inputs/{job}/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
     allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https", "store"])
     http_timeout: float = 20.0
     #: http(s) refs may point at loopback/private/link-local addresses (cloud metadata, internal

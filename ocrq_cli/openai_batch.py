@@ -42,7 +42,7 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
     client = make_client(command_settings())
     t0 = time.monotonic()
     try:
-        batch = plan_batch(client, source)
+        batch = plan_batch(client, source, job=job)
     except (OcrqError, OSError, ValueError) as exc:
         console.print(f"[red]{type(exc).__name__}[/]: {escape(str(exc))}")
         raise typer.Exit(code=2) from exc

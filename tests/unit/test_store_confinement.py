@@ -87,7 +87,7 @@ def test_paths_ocrq_writes_still_work(kind: str, tmp_path: Path, s3: S3Store) ->
     store = _stores(tmp_path, s3)[kind]
     for path in (keys.result_part("acme~invoices-2026", "e1", 3), keys.export_object("j.b_c-d", "_SUCCESS"),
                  keys.cache_object("ab" * 32 + ".rapidocr-3.4.text.0123456789abcdef"),
-                 keys.inline_input("cd" * 32)):
+                 keys.inline_input("acme~j", "cd" * 32)):
         store.put_json(path, {"p": path})
         assert store.get_json(path) == {"p": path}
     assert list(store.list("")) != []

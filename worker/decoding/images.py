@@ -11,6 +11,11 @@ Errors: bytes that are not an image (or are truncated) -> ``BadImage``; a contai
 accept (PostScript/EPS, SVG/XML, HEIC, or a Pillow format outside ``ACCEPTED_FORMATS``) ->
 ``UnsupportedFormat``; a frame above ``bomb_pixels`` -> ``TooLarge`` (checked from the header,
 before any pixel is decoded).
+
+An error describes the content (its size, the format its first bytes name, ``describe``) and
+never quotes it: a file a worker may read can hold a password (the stack's own ``flower-auth``
+among them), and an error travels to records, logs, Flower and the export. Pillow's own messages
+are kept only without what they quote (``_without_quotes``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import re
 import threading
 
 from PIL import Image, ImageOps
@@ -71,9 +77,51 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
     except (OcrqError, MemoryError):
         raise
     except Image.UnidentifiedImageError as exc:  # no accepted format's signature: text, archives...
-        raise BadImage(f"not an image or a PDF: no known format in its first bytes {data[:16]!r}") from exc
+        what = describe(data)
+        raise BadImage(f"not an image or a PDF: {what}" if what.endswith("no image format") else
+                       f"cannot read {what}: its header is truncated or corrupt") from exc
     except Exception as exc:  # Pillow raises many types on corrupt input; all mean "not an image"
-        raise BadImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
+        raise BadImage(f"cannot decode {describe(data)}: {type(exc).__name__}: {_without_quotes(exc)}") from exc
+
+
+#: what the first bytes of a file say it is (a description, never the bytes)
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"), (b"BM", "a BMP image"), (b"%PDF-", "a PDF"),
+    (b"\x00\x00\x00\x0cjP  ", "a JPEG 2000 image"), (b"\xff\x4f\xff\x51", "a JPEG 2000 codestream"),
+    (b"qoif", "a QOI image"), (b"PK\x03\x04", "a ZIP archive"), (b"\x1f\x8b", "a gzip file"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"), (b"Rar!", "a RAR archive"), (b"\x7fELF", "an ELF executable"),
+)
+
+
+def describe(data: bytes) -> str:
+    """What the bytes are, as an error may say it: their size and the format their first bytes
+    name (for an image format: "a PNG image of N bytes", truncated or corrupt since it failed),
+    or "text" / "binary data" — never any of the bytes themselves."""
+    size = f"{len(data):,} bytes"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return f"a WebP image of {size}"
+    for magic, name in _SIGNATURES:
+        if data.startswith(magic):
+            return f"{name} of {size}"
+    head = data[:4096]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a multi-byte character cut at the 4 KiB mark is still text
+        text = head[:exc.start].decode("utf-8") if exc.start > len(head) - 4 else ""
+    if text and all(c.isprintable() or c in "\t\r\n\f" for c in text):
+        kind = "HTML" if text.lstrip().lower().startswith(("<!doctype html", "<html")) else (
+            "JSON" if text.lstrip()[:1] in ("{", "[") else "text")
+        return f"{kind} of {size}, no image format"
+    return f"binary data of {size}, no image format"
+
+
+_QUOTED = re.compile(r"""b?(['"])(?:\\.|(?!\1).)*\1""")
+
+
+def _without_quotes(exc: Exception) -> str:
+    """Pillow's message without what it quotes (a TIFF header's bytes, a chunk name ...), cut."""
+    return _QUOTED.sub("…", str(exc))[:200]
 
 
 def _refuse_known_unsupported(data: bytes) -> None:
