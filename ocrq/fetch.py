@@ -16,7 +16,6 @@ TooLarge, unreachable/5xx/throttled/DNS down → StorageUnavailable (retryable).
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import os
 import socket
 import stat
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ocrq.addresses import is_public
 from ocrq.deadline import Deadline
 from ocrq.errors import HostNotFound, MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
 from ocrq.redact import redact_url
@@ -198,10 +198,9 @@ def _public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
         raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
     addresses = [str(info[4][0]).split("%")[0] for info in infos]
     if not limits.http_allow_private:
-        for text in addresses:
-            addr = ipaddress.ip_address(text)
-            if not addr.is_global:
-                raise RefusedRef(f"{host} resolves to a non-public address ({addr})")
+        for text in addresses:  # (an IPv6 address is judged with the IPv4 ones it embeds too)
+            if not is_public(text):
+                raise RefusedRef(f"{host} resolves to a non-public address ({text})")
     return list(dict.fromkeys(addresses))
 
 
