@@ -71,6 +71,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("decode-isolation", "decoding in child processes vs in-process, decode only and end to end",
              _m("bench.decode_isolation", "--images", "600", "--photos", "32", "--out", "{run}/decode-isolation.md"),
              False, "docs/bench/decode-isolation.md"),
+    Scenario("decode-memory", "peak RSS of the decoding children on decompression-bomb-shaped files, limits off"
+             " vs on", _m("bench.decode_memory", "--json", "{run}/decode-memory.json"), False, "docs/reliability.md"),
     Scenario("quality", "the CPU engine's CER on the research corpus; writes docs/quality.md",
              _m("bench.quality"), False, "docs/quality.md"),
     Scenario("server-bodies", "vllm-server request bodies (JSON vs spliced PPM) against the worker's GIL",

@@ -110,7 +110,9 @@ class LimitSettings(BaseModel):
     max_pages: int = 64
     #: a PDF's pages are rendered at this resolution (each page then kept within max_pixels)
     pdf_dpi: int = 200
-    #: pixels of all rendered pages of one document together (host memory: 3 bytes each)
+    #: pixels of all pages of one document together: a PDF's rendered pages (host memory: 3
+    #: bytes each), a multi-frame image's frames as stored (what decoding them costs); over it
+    #: the document fails TooLarge
     max_document_pixels: int = 256_000_000
     #: local references must resolve inside one of these roots (empty: the current directory of
     #: a worker; a producer with none checks against the roots its live workers report)
@@ -134,8 +136,18 @@ class LimitSettings(BaseModel):
     decode_processes: int = 0
     #: seconds one image may decode before its child is killed (DecoderCrashed)
     decode_timeout_s: float = 60.0
-    #: TESTS ONLY: bytes containing worker.decoding.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
-    #: slow down the decoder (the chaos suite's crashing files); never enable in production
+    #: bytes of address space each decoding child may map (RLIMIT_AS, worker.decoding.decode): an
+    #: image whose decoding needs more fails TooLarge and its child is replaced. Fits what the
+    #: other caps admit (a bomb_pixels RGB image, a PDF's pages up to max_document_pixels); the
+    #: host's worst case is decode_processes times this. 0: no limit (decode_isolation only)
+    decode_memory_bytes: int = Field(default=1536 * 1024 * 1024, ge=0)
+    #: CPU seconds one image may take in its decoding child (RLIMIT_CPU, reset per image): past
+    #: it the child is killed, replaced, and the image fails TooLarge (permanent: the same bytes
+    #: take the same CPU again). 0: no limit (decode_isolation only)
+    decode_cpu_s: float = Field(default=30.0, ge=0)
+    #: TESTS ONLY: bytes containing worker.decoding.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW /
+    #: FAULT_SPIN abort / hang / slow down / burn CPU in the decoder (the chaos suite's crashing
+    #: files); never enable in production
     decode_fault_markers: bool = False
 
 

@@ -14,7 +14,14 @@ a chunk's cache misses: one message each way, not one per image), and for each i
   unpickling a 2048×1536 page held the worker's GIL 7-13 ms, time the engine thread waited;
 - the child dies (segfault, abort, the OOM killer) on it: the image gets ``DecoderCrashed``;
 - the child spends ``limits.decode_timeout_s`` on it: it is SIGKILLed and the image gets
-  ``DecoderCrashed`` too.
+  ``DecoderCrashed`` too;
+- the image needs more than the child's limits: ``limits.decode_memory_bytes`` of address space
+  (RLIMIT_AS, set once per child: the allocation fails, the child answers ``TooLarge`` and
+  leaves, since a heap that ran out is not trusted with the next image) or
+  ``limits.decode_cpu_s`` of CPU (RLIMIT_CPU, moved on before each image: the kernel kills the
+  child with SIGXCPU). Either way the image fails ``TooLarge`` (permanent: the same bytes need
+  the same again) and a fresh child takes the old one's place. A decoder library that aborts
+  when an allocation fails (rather than reporting it) ends as a crash: ``DecoderCrashed``.
 
 The child records which image it is on (and since when) in memory shared with the worker, so a
 crash costs exactly that image: the batch's images it had not answered yet are decoded again by
@@ -22,29 +29,32 @@ a fresh child. A dead or killed child is replaced at once; other images, decodin
 children, are not touched. ``DecoderCrashed`` is retryable (the machine may have been short of memory); an image
 that crashes its decoder on every attempt ends as ``RetriesExhausted`` naming it.
 
-``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort or hang on
-bytes that contain ``FAULT_ABORT`` / ``FAULT_HANG``: how the chaos suite (bench/chaos) makes a
-real decoder crash on certain files. ``FAULT_SLOW`` makes it take ``FAULT_SLOW_S`` on a file (a
-slow decoder that still finishes), so a test's timing does not depend on how fast the machine is.
+``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort, hang or
+burn CPU on bytes that contain ``FAULT_ABORT`` / ``FAULT_HANG`` / ``FAULT_SPIN``: how the chaos
+suite (bench/chaos) makes a real decoder crash on certain files. ``FAULT_SLOW`` makes it take
+``FAULT_SLOW_S`` on a file (a slow decoder that still finishes), so a test's timing does not
+depend on how fast the machine is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import multiprocessing as mp
 import os
 import queue
+import resource
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from PIL import Image
 
-from ocrq.errors import DecoderCrashed, OcrqError, error_from_dict
+from ocrq.errors import DecoderCrashed, OcrqError, TooLarge, error_from_dict
 from ocrq.settings import LimitSettings
 from worker.decoding import memfd_pipe
 from worker.decoding.images import decode
@@ -56,6 +66,7 @@ log = logging.getLogger("ocrq.decode")
 FAULT_ABORT = b"OCRQ-TEST-DECODER-ABORT"
 FAULT_HANG = b"OCRQ-TEST-DECODER-HANG"
 FAULT_SLOW = b"OCRQ-TEST-DECODER-SLOW"
+FAULT_SPIN = b"OCRQ-TEST-DECODER-SPIN"
 #: seconds a ``FAULT_SLOW`` file takes before it decodes
 FAULT_SLOW_S = 0.1
 
@@ -92,6 +103,9 @@ def _faults(data: bytes, limits: LimitSettings) -> None:
             time.sleep(3600)
     if FAULT_SLOW in data:
         time.sleep(FAULT_SLOW_S)
+    if FAULT_SPIN in data:
+        while True:  # a decoder burning CPU forever on a crafted file
+            pass
 
 
 class InProcessDecoder:
@@ -119,14 +133,42 @@ class InProcessDecoder:
         pass
 
 
+#: the last reply of a child that leaves after it (its memory limit was hit): the rest of its
+#: batch goes to a fresh child
+_LEAVING = ("leave", None)
+
+
 def _decode_reply(data: bytes, limits: LimitSettings) -> tuple[str, Any]:
     try:
         _faults(data, limits)
         return ("ok", decode(data, limits))
     except OcrqError as exc:
         return ("err", exc.to_dict())
-    except Exception as exc:  # decode() types Pillow's errors; MemoryError and bugs land here
+    except MemoryError:
+        pass  # answered below, once the traceback (and the half-decoded image it holds) is gone
+    except Exception as exc:  # decode() types Pillow's errors; bugs land here
         return ("err", DecoderCrashed(f"decoder raised {type(exc).__name__}: {exc}").to_dict())
+    return ("oom", TooLarge(f"decoding {len(data):,} bytes needs more memory than limits.decode_memory_bytes"
+                            f" ({limits.decode_memory_bytes:,}) allows").to_dict())
+
+
+def _limit_memory(limit: int) -> None:
+    """This child's address space: ``limit`` bytes (0: as inherited); no core files either."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limit:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _limit_cpu(seconds: float) -> None:
+    """``seconds`` more of CPU for this child from now (its soft RLIMIT_CPU: SIGXCPU past it);
+    the hard limit is left alone, so the soft one can move on for the next image."""
+    if not seconds:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
 def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
@@ -137,6 +179,7 @@ def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
     # in flight; the child leaves when the worker closes the pipe or dies (EOF)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _limit_memory(limits.decode_memory_bytes)
     while True:
         try:
             with memfd_pipe.receive(conn) as (_, views):
@@ -148,20 +191,43 @@ def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
         for i, data in enumerate(batch):
             progress[1] = time.monotonic()  # start first: the parent reads index, then start
             progress[0] = i
+            _limit_cpu(limits.decode_cpu_s)
             reply = _decode_reply(data, limits)
+            if reply[0] == "oom":  # this heap ran out once: answer, then leave for a fresh child
+                _ship_or_fail(conn, [*replies, ("err", reply[1]), _LEAVING], held, limits)
+                return
             replies.append(reply)
             if reply[0] == "ok":
                 held += sum(3 * pg.width * pg.height for pg in reply[1])
             if held >= _REPLY_BYTES and i + 1 < len(batch):
-                _ship(conn, replies, held)
+                if not _ship_or_fail(conn, replies, held, limits):
+                    return
                 replies, held = [], 0
-        _ship(conn, replies, held)
+        if not _ship_or_fail(conn, replies, held, limits):
+            return
 
 
 #: a page as a child sends it: its fields but the image, the image's mode and size; its pixels
 #: are the message's blob of the same index (``worker.decoding.memfd_pipe``)
 _Shipped = tuple[dict[str, Any], str, tuple[int, int], int]
 _PAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Page) if f.name != "image")
+
+
+def _ship_or_fail(conn: Connection, replies: list[tuple[str, Any]], pixel_bytes: int, limits: LimitSettings) -> bool:
+    """``_ship``; False when the memory limit was hit while shipping: the images whose pages were
+    on their way fail ``TooLarge`` instead, and the child leaves."""
+    # what each image answered, without its pages (an error's dict is kept as it is)
+    answers = [(status, payload if status == "err" else None) for status, payload in replies if status != "leave"]
+    try:
+        _ship(conn, replies, pixel_bytes)
+        return True
+    except MemoryError:
+        pass  # (below: the pages are dropped with the traceback)
+    replies.clear()
+    err = TooLarge(f"the pages decoded need more memory than limits.decode_memory_bytes"
+                   f" ({limits.decode_memory_bytes:,}) allows").to_dict()
+    memfd_pipe.send(conn, [a if a[0] == "err" else ("err", err) for a in answers] + [_LEAVING], [])
+    return False
 
 
 def _ship(conn: Connection, replies: list[tuple[str, Any]], pixel_bytes: int) -> None:
@@ -171,24 +237,33 @@ def _ship(conn: Connection, replies: list[tuple[str, Any]], pixel_bytes: int) ->
         memfd_pipe.send(conn, replies, [])
         return
     shipped: list[tuple[str, Any]] = []
-    blobs: list[bytes] = []
+    images: list[Image.Image] = []
     for status, payload in replies:
         if status != "ok":
             shipped.append((status, payload))
             continue
         pages: list[_Shipped] = []
         for pg in payload:
-            pages.append(({k: getattr(pg, k) for k in _PAGE_FIELDS}, pg.image.mode, pg.image.size, len(blobs)))
-            blobs.append(pg.image.tobytes())
+            pages.append(({k: getattr(pg, k) for k in _PAGE_FIELDS}, pg.image.mode, pg.image.size, len(images)))
+            images.append(pg.image)
         shipped.append(("pages", pages))
-    memfd_pipe.send(conn, shipped, blobs)
+    replies.clear()  # the pages are the images' only holders now: each is freed once written
+
+    def blobs() -> Iterator[bytes]:  # one page's bytes at a time (a 64-page PDF: 4 B/px once, not 7)
+        while images:
+            image = images.pop(0)
+            yield image.tobytes()
+            image.close()
+
+    memfd_pipe.send(conn, shipped, blobs())
 
 
-def _receive(conn: Connection) -> list[Outcome]:
+def _receive(conn: Connection) -> tuple[list[Outcome], bool]:
     """One reply from a child (``_ship``): each page rebuilt from its pixels (Pillow unpacks them
-    without the GIL)."""
+    without the GIL), and whether the child leaves after it."""
     with memfd_pipe.receive(conn) as (shipped, pixels):
-        return [_outcome(reply, pixels) for reply in shipped]
+        leaving = bool(shipped) and tuple(shipped[-1]) == _LEAVING
+        return [_outcome(reply, pixels) for reply in (shipped[:-1] if leaving else shipped)], leaving
 
 
 class _Child:
@@ -233,6 +308,8 @@ class IsolatedDecoder:
         self._closed = False
         #: children that died or hung and were replaced
         self.crashes = 0
+        #: children that left after hitting their memory limit, and were replaced
+        self.retired = 0
         for _ in range(self.parallelism):
             self._idle.put(self._spawn())
 
@@ -242,11 +319,14 @@ class IsolatedDecoder:
             self._children.append(child)
         return child
 
-    def _replace(self, child: _Child) -> None:
+    def _replace(self, child: _Child, crashed: bool = True) -> None:
         child.kill()
         with self._lock:
             self._children.remove(child)
-            self.crashes += 1
+            if crashed:
+                self.crashes += 1
+            else:
+                self.retired += 1
             closed = self._closed
         if not closed:
             self._idle.put(self._spawn())
@@ -277,13 +357,14 @@ class IsolatedDecoder:
         while pending:
             got, culprit, error = self._exchange([datas[i] for i in pending])
             outcomes.update(zip(pending, got, strict=False))
-            if culprit is None or error is None:
-                break
+            if culprit is None or error is None:  # all answered, or the child left after len(got)
+                pending = pending[len(got):]
+                continue
             outcomes[pending[culprit]] = error
             pending = [i for k, i in enumerate(pending[len(got):], len(got)) if k != culprit]
         return [outcomes[i] for i in range(len(datas))]
 
-    def _exchange(self, batch: list[bytes]) -> tuple[list[Outcome], int | None, DecoderCrashed | None]:
+    def _exchange(self, batch: list[bytes]) -> tuple[list[Outcome], int | None, OcrqError | None]:
         """Send ``batch`` to one child; the outcomes it answered (a prefix of the batch), and when
         it died or hung: the index of the image it was on, and that image's error."""
         child = self._idle.get()
@@ -297,12 +378,19 @@ class IsolatedDecoder:
                     self._replace(child)
                     return got, culprit, DecoderCrashed(
                         f"decoder hung on this image: no answer within {self.timeout_s:g}s, killed")
-                got += _receive(child.conn)
+                answered, leaving = _receive(child.conn)
+                got += answered
+                if leaving:  # its memory limit was hit: a fresh child for the rest of the batch
+                    self._replace(child, crashed=False)
+                    return got, None, None
         except (EOFError, OSError):
             culprit = self._culprit(child, len(got), len(batch))
             child.proc.join(5)
             code = child.proc.exitcode
             self._replace(child)
+            if code == -signal.SIGXCPU:
+                return got, culprit, TooLarge(f"decoding took more than limits.decode_cpu_s"
+                                              f" ({self.limits.decode_cpu_s:g} s of CPU): stopped")
             return got, culprit, DecoderCrashed(f"decoder process died on this image ({_describe(code)})")
         except BaseException:
             self._replace(child)  # interrupted mid-exchange: the pipe's state is unknown

@@ -67,9 +67,14 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
                 raise UnsupportedFormat(f"{fmt} images are not accepted")
             frames = 1 if fmt in _SINGLE_FRAME else max(1, int(getattr(img, "n_frames", 1)))
             pages = []
+            total = 0
             for index in range(min(frames, max(1, limits.max_pages))):
                 if index:
                     img.seek(index)
+                total += img.size[0] * img.size[1]  # (from the frame's header: nothing decoded yet)
+                if total > limits.max_document_pixels:
+                    raise TooLarge(f"{index + 1} frames of {fmt} hold {total:,} pixels together: more than"
+                                   f" limits.max_document_pixels ({limits.max_document_pixels:,})")
                 pages.append(_page(img, index, frames, limits))
             return pages
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -149,16 +154,20 @@ def _page(img: Image.Image, index: int, frames: int, limits: LimitSettings) -> P
     width, height = img.size
     if width * height > limits.bomb_pixels:
         raise TooLarge(f"{width}x{height} pixels exceeds the {limits.bomb_pixels} pixel bomb guard")
-    swap = img.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8)
+    orientation = img.getexif().get(_ORIENTATION, 1)
+    swap = orientation in (5, 6, 7, 8)
     original = (height, width) if swap else (width, height)
     if img.format == "JPEG" or img.format == "MPO":
         # Let libjpeg decode at 1/2..1/8 scale when we will downscale anyway (less memory/time).
         ratio = math.sqrt(limits.max_pixels / (width * height))
         if ratio < 1:
             img.draft(img.mode, (max(1, math.ceil(width * ratio)), max(1, math.ceil(height * ratio))))
-    upright = ImageOps.exif_transpose(img)
+    # exif_transpose copies an image it leaves as it is: a 169 MP 16-bit scan's 338 MB
+    upright = img if orientation in (None, 1) else ImageOps.exif_transpose(img)
     assert upright is not None  # not in_place: always an image
-    rgb = _downscale(_to_rgb(upright), limits.max_pixels)
+    rgb = _to_rgb(upright, limits.max_pixels)
+    if rgb is img:  # (a small RGB image, as it is): the page must outlive the file's image
+        rgb = rgb.copy()
     return Page(
         image=rgb, index=index, width=rgb.width, height=rgb.height,
         original_width=original[0], original_height=original[1],
@@ -166,18 +175,36 @@ def _page(img: Image.Image, index: int, frames: int, limits: LimitSettings) -> P
     )
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+def _to_rgb(image: Image.Image, max_pixels: int) -> Image.Image:
+    """The image as RGB within ``max_pixels``. A gray one (L, or 16-bit scaled to L) is downscaled
+    before it becomes RGB, and an RGB one is not copied first: the same pixels (each band
+    resamples alike) at a third of the memory; other modes are converted, then downscaled."""
     mode = image.mode
     if mode in _SIXTEEN_BIT:
-        image = _stretch(image.convert("I"), 0.0, 65535.0)
+        image = _sixteen_to_l(image)
     elif mode in ("I", "F"):
         image = _high_depth_to_l(image)
     has_alpha = image.mode in _ALPHA_MODES or "transparency" in image.info
     if has_alpha:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
+        return _downscale(Image.alpha_composite(white, rgba).convert("RGB"), max_pixels)
+    if image.mode == "L":
+        return _downscale(image, max_pixels).convert("RGB")
+    return _downscale(image if image.mode == "RGB" else image.convert("RGB"), max_pixels)
+
+
+def _sixteen_to_l(image: Image.Image) -> Image.Image:
+    """A 16-bit image as L, scaled (not clipped): ``_stretch(image.convert("I"), 0, 65535)`` a
+    band of rows at a time (the same pixels), so the 32-bit copy is one band's, not the whole
+    image's: a 169 MP scan's two copies were 1.4 GB of its 2.1 GB peak."""
+    width, height = image.size
+    out = Image.new("L", image.size)
+    rows = max(1, (1 << 22) // max(1, width))  # ~4 M pixels a band
+    for top in range(0, height, rows):
+        band = image.crop((0, top, width, min(height, top + rows)))
+        out.paste(_stretch(band.convert("I"), 0.0, 65535.0), (0, top))
+    return out
 
 
 def _high_depth_to_l(image: Image.Image) -> Image.Image:
