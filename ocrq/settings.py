@@ -314,8 +314,12 @@ class Settings(BaseSettings):
     flower_max_tasks: int = 10_000
     #: each worker serves its Prometheus /metrics here (0: off); one port per worker process
     metrics_port: int = 9809
-    #: address the worker's metrics server binds (0.0.0.0 so Prometheus/KEDA can scrape pods)
-    metrics_addr: str = "0.0.0.0"
+    #: address the worker's metrics server binds: loopback unless set (a deployment scraped from
+    #: elsewhere sets it: docker-compose.yml sets 0.0.0.0 inside its network)
+    metrics_addr: str = "127.0.0.1"
+    #: HTTP basic auth "user:pass" (comma-separate several) for every /metrics ocrq serves (each
+    #: worker's, `ocrq metrics`); unset: open to whoever reaches metrics_addr
+    metrics_basic_auth: SecretStr | None = None
     #: price of one GPU-hour in dollars: `ocrq status JOB` turns engine seconds into cost
     gpu_hour_usd: float = 2.50
 
@@ -326,6 +330,17 @@ class Settings(BaseSettings):
         if "path" not in self.store.model_fields_set:
             self.store.path = self.var_dir / "store"
             self.store.model_fields_set.discard("path")
+        return self
+
+    @model_validator(mode="after")
+    def _embedded_redis_password(self) -> Settings:
+        # a Redis `ocrq up` started has the password it generated (ocrq.stack): a URL naming that
+        # server without one takes it from {var_dir}/redis-auth (mode 0600), so every command run
+        # beside the stack (or with OCRQ_VAR_DIR) reaches it, and none prints it
+        for field in ("url", "cache_url"):
+            url = getattr(self.redis, field)
+            if url and "@" not in url.partition("?")[0] and (found := embedded_url(self.var_dir, url)):
+                setattr(self.redis, field, found)
         return self
 
     @classmethod
@@ -342,6 +357,29 @@ class Settings(BaseSettings):
         if profile:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=profile))
         return tuple(sources)
+
+
+#: where ``ocrq up`` keeps the URLs (with their generated passwords) of the Redis servers it
+#: started, one a line, mode 0600 (ocrq.stack)
+REDIS_AUTH_FILE = "redis-auth"
+
+
+def embedded_url(var_dir: Path, url: str) -> str | None:
+    """The URL with its password that ``ocrq up`` recorded under ``var_dir`` for the server
+    ``url`` names (same scheme, host, port and database), or None."""
+    path = var_dir / REDIS_AUTH_FILE
+    try:
+        lines = path.read_text().split()
+    except OSError:  # none, or not ours to read
+        return None
+    want = _without_userinfo(url)
+    return next((line for line in lines if _without_userinfo(line) == want), None)
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    head, slash, tail = rest.partition("/")
+    return scheme + sep + head.rpartition("@")[2] + slash + tail
 
 
 #: the profile ``load_settings`` was given, for the settings source above: passed this way, not

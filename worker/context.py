@@ -181,7 +181,8 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name],
                   settings.redis)
     if settings.metrics_port:
-        metrics.serve(settings.metrics_addr, settings.metrics_port)
+        auth = settings.metrics_basic_auth
+        metrics.serve(settings.metrics_addr, settings.metrics_port, auth.get_secret_value() if auth else None)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)

@@ -15,10 +15,11 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ocrq import metrics_server
 from ocrq.errors import Permanent, Retryable
 from ocrq.messages import TASKS
 from ocrq.metrics import queue_depth_family, redis_memory_families, replication_families
@@ -149,15 +150,17 @@ class WorkerMetrics:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def serve(self, addr: str, port: int) -> bool:
-        """Start the HTTP server (a daemon thread). A port already taken is logged, not fatal:
-        the worker's job is OCR, and its state still reaches Redis for ``ocrq metrics``."""
+    def serve(self, addr: str, port: int, credentials: str | None = None) -> bool:
+        """Start the HTTP server (a daemon thread; ``credentials``: basic auth, ocrq.metrics_server).
+        A port already taken is logged, not fatal: the worker's job is OCR, and its state still
+        reaches Redis for ``ocrq metrics``."""
         try:
-            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self._server, _ = metrics_server.start(self.registry, addr, port, credentials)
         except OSError as exc:
             log.warning("metrics server on %s:%d not started: %s", addr, port, exc)
             return False
-        log.info("serving worker metrics on http://%s:%d/metrics", addr, port)
+        log.info("serving worker metrics on http://%s:%d/metrics%s", addr, port,
+                 " (basic auth)" if credentials else "")
         return True
 
     def close(self) -> None:
