@@ -19,6 +19,7 @@ from typing import Any
 import redis
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
+from celery.worker.request import Request
 
 from ocrq import keys, names
 from ocrq.errors import OcrqError, StorageUnavailable
@@ -109,13 +110,27 @@ def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
         report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
 
 
+class RedactedRequest(Request):
+    """A task request whose arguments, as the worker logs them and its events carry them to
+    Flower, are redacted and cut (ocrq.redact): the publisher wrote that text, and a message from
+    elsewhere than ocrq's producer may hold a URL's password or be megabytes long."""
+
+    @property
+    def argsrepr(self) -> str:
+        return redact_message(str(super().argsrepr or ""), 4000)
+
+    @property
+    def kwargsrepr(self) -> str:
+        return redact_message(str(super().kwargsrepr or ""), 1000)
+
+
 def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     """Register the chunk task on ``app``; the context is built once per worker process."""
 
     # ignore_result: the outcome is the job's records and documents, and Flower shows each
     # chunk's summary from its task events; a result backend write is a write that a full
     # broker Redis refuses, and the STARTED one (track_started) before the task body runs
-    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None, ignore_result=True)
+    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None, ignore_result=True, Request=RedactedRequest)
     def ocr_chunk(self: Task, message: Any) -> dict[str, Any]:
         ctx = get_ctx()
         read = _read(ctx, message, self.request.id)
@@ -137,7 +152,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             _hand_back(self, chunk, report)  # raises Retry
         return report.summary()
 
-    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True)
+    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True, Request=RedactedRequest)
     def finish_job(self: Task, job: Any, outage_since: Any = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
