@@ -38,6 +38,10 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         return holder["ctx"]
 
     register_tasks(app, get_ctx)
+    # only ocrq's two tasks run here: Celery's built-ins (chords, map/starmap, result cleanup) are
+    # no part of ocrq, and a message naming one is refused as unregistered like any other name
+    for name in [n for n in app.tasks if n.startswith("celery.")]:
+        del app.tasks[name]
     conc = concurrency or settings.queue.concurrency
     app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc,
                                                  queues=queues or [settings.queue.name]))

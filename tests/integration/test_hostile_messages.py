@@ -51,6 +51,8 @@ def test_crafted_messages_are_refused_and_recorded_never_acted_on(redis_url: str
         wrong_task = [{"id": keys.image_id("crafted-task", f), "ref": f} for f in files[:2]]
         client.app.send_task(OCR_CHUNK_TASK, args=[{"job": "crafted-task", "task": "__import__('os')",
                                                     "items": wrong_task}])
+        # Celery's built-in tasks are no part of the worker: refused as unregistered
+        client.app.send_task("celery.starmap", args=[{"task": "ocrq.ocr_chunk"}, [[{"job": bad_job, "items": []}]]])
         # and a real submission after them, which still runs
         job = client.submit(files, job="after")
         job.wait(timeout=120)
@@ -72,6 +74,7 @@ def test_crafted_messages_are_refused_and_recorded_never_acted_on(redis_url: str
             assert "unknown task" in rec.error.message
         log = "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("worker-*.log"))
         assert "dropped a chunk message" in log and "dropped a finish message" in log
+        assert "Received unregistered task of type 'celery.starmap'" in log
         assert not redis_client.exists(keys.job_counts(bad_job))
     finally:
         client.close()
