@@ -140,7 +140,7 @@ def create(spec: BatchCreate, who: Caller = Depends(caller)) -> dict[str, Any]:
     name = "batch_" + secrets.token_hex(12)
     job = names.qualify(tenant.name, name)
     try:
-        plan = plan_batch(svc.client, spec.input_file_id, lines=iter(fh.readline, b""),
+        plan = plan_batch(svc.client, spec.input_file_id, job=job, read=fh.read,
                           limits=tenant.limits(svc.settings.limits))
     finally:
         fh.close()

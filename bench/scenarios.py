@@ -76,6 +76,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              False, "docs/bench/decode-isolation.md"),
     Scenario("pages", "the jobs pages: GET / and /jobs/{id} of a tenant with 10,000 jobs beside 10 (p50/p99)",
              _m("bench.pages", "--jobs", "10000", "--out", "docs/bench/pages.md"), False, "docs/bench/pages.md"),
+    Scenario("decode-memory", "peak RSS of the decoding children on decompression-bomb-shaped files, limits off"
+             " vs on", _m("bench.decode_memory", "--json", "{run}/decode-memory.json"), False, "docs/reliability.md"),
     Scenario("quality", "the CPU engine's CER on the research corpus; writes docs/quality.md",
              _m("bench.quality"), False, "docs/quality.md"),
     Scenario("server-bodies", "vllm-server request bodies (JSON vs spliced PPM) against the worker's GIL",

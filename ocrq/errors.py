@@ -10,6 +10,9 @@
     │   └── StorageUnavailable Redis/S3/HTTP source unreachable or 5xx
     └── Permanent          retrying cannot help: failed on the first attempt
         ├── RefusedRef         reference outside the allowed roots/schemes, or malformed
+        ├── RefusedKey         a store path that would leave the store's root (``..``, absolute, ...)
+        ├── BadMessage         a broker message field outside the grammar ocrq writes (a message
+        │                      not from ocrq's producer: worker.tasks reads every one, ocrq.messages)
         ├── MissingObject      file/object/URL does not exist (404)
         │   └── HostNotFound       the URL's host name does not resolve (NXDOMAIN)
         ├── TooLarge           bytes or pixels above the configured caps
@@ -25,7 +28,9 @@
                                ("after 4 attempts: EngineOOM: ...")
 
 Every error serialises to ``{"type": ClassName, "message": str, "retryable": bool}`` which is
-what a failed image records on its task; URLs in the message are redacted (ocrq.redact).
+what a failed image records on its task. Every message is redacted when the error is made
+(``ocrq.redact.redact_message``: URLs, passwords, cut to 2,000 characters), so a log line, a
+record and an API answer show the same text.
 ``classify`` maps any exception into the tree; ``is_oom`` recognises a device out-of-memory (ours
 or torch's) without importing torch.
 """
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ocrq.redact import redact_text
+from ocrq.redact import redact_message
 
 
 class OcrqError(Exception):
@@ -42,8 +47,14 @@ class OcrqError(Exception):
 
     retryable: bool = False
 
+    def __init__(self, *args: object) -> None:
+        # redacted once, here: str(), logs, records and answers all see the same text
+        if args and isinstance(args[0], str):
+            args = (redact_message(args[0]), *args[1:])
+        super().__init__(*args)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, "message": redact_text(str(self)), "retryable": self.retryable}
+        return {"type": type(self).__name__, "message": str(self), "retryable": self.retryable}
 
 
 class Retryable(OcrqError):
@@ -86,6 +97,16 @@ class NameTaken(StorageUnavailable):
 
 class RefusedRef(Permanent):
     pass
+
+
+class RefusedKey(Permanent):
+    """A store path outside the grammar of ``ocrq.keys`` (``..``, an absolute path, a control
+    character): refused by every store, whoever asks, before any I/O."""
+
+
+class BadMessage(Permanent):
+    """A broker message field ocrq's producer would never write (an unknown task, params over
+    their share of a message, an attempt that is no count ...): the image is failed, never run."""
 
 
 class MissingObject(Permanent):
@@ -143,7 +164,7 @@ _BY_NAME: dict[str, type[OcrqError]] = {
         OcrqError, Retryable, Permanent, EngineOOM, EngineTimeout, EngineCrashed,
         EngineUnavailable, DecoderCrashed, StorageUnavailable, RefusedRef, MissingObject, TooLarge, BadImage,
         UnsupportedFormat, TooLargeForDevice, BadRequest, RetriesExhausted, HostNotFound, BadDocument,
-        EncryptedDocument, UnsupportedTask,
+        EncryptedDocument, UnsupportedTask, RefusedKey, BadMessage,
     )
 }
 

@@ -34,8 +34,9 @@ from typing import Any, Literal
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import RefusedRef
-from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
-from ocrq.redact import redact_text
+from ocrq.lines import LongLine
+from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_LINE_BYTES, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
+from ocrq.redact import redact_text, shown_ref
 from ocrq.refs import BAD_REF_PREFIX, parse, suffix
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
@@ -94,7 +95,7 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
     except RefusedRef as exc:
         yield _refused(raw, str(exc))
         return
-    lines: Iterator[str]
+    lines: Iterator[str | LongLine]
     if ref.kind == "local":
         if os.path.isdir(ref.value):
             yield from _walk(Path(ref.value), limits, row)
@@ -122,11 +123,13 @@ def _expand(raw: str, limits: LimitSettings, s3: Any | None, base: Path | str | 
     yield from _rows(lines, ref.value, suffix(ref.value) == ".csv", limits, s3, here, depth, row, dirs)
 
 
-def _rows(lines: Iterator[str], name: str, csv: bool, limits: LimitSettings, s3: Any | None,
+def _rows(lines: Iterator[str | LongLine], name: str, csv: bool, limits: LimitSettings, s3: Any | None,
           here: Path | str | None, depth: int, row: dict[str, Any] | None, dirs: dict[str, str]) -> Iterator[Entry]:
     for line_no, entry, extra in manifest_rows(lines, csv=csv):
-        where = f"line {line_no} of {name}"
-        if entry is None:
+        where = f"line {line_no} of {shown_ref(name)}"
+        if isinstance(entry, LongLine):
+            yield _refused(where, f"{where} has {entry.length:,} bytes: more than {MAX_LINE_BYTES:,} (not read)")
+        elif entry is None:
             yield _refused(where, f"no reference on {where}")
         elif extra and len(json.dumps(extra, default=str)) > MAX_ROW_BYTES:
             yield _refused(where, f"extra columns over {MAX_ROW_BYTES} bytes on {where}")

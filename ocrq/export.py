@@ -48,7 +48,8 @@ def request_export(redis: Any, index: JobIndex, job: str, send: Callable[[str], 
     written (``keys.job_submitting``). ``send(task_id)`` publishes it."""
     if not finished(index.counts(job)) or redis.exists(keys.job_submitting(job)):
         return False
-    if not set_nx(redis, keys.job_finishing(job), "1", ttl):  # (past maxmemory: finishes accepted work)
+    # (past maxmemory: finishes accepted work); its value says when (worker.export_sweep)
+    if not set_nx(redis, keys.job_finishing(job), repr(time.time()), ttl):
         return False  # someone else published it already
     try:
         send(f"finish-{job}-{time.time_ns()}")

@@ -16,7 +16,6 @@ TooLarge, unreachable/5xx/throttled/DNS down → StorageUnavailable (retryable).
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import os
 import socket
 import stat
@@ -30,7 +29,10 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ocrq.addresses import is_public
+from ocrq.deadline import Deadline
 from ocrq.errors import HostNotFound, MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
+from ocrq.redact import redact_url
 from ocrq.refs import _CHUNK, Ref, confine, parse
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
@@ -45,11 +47,14 @@ _NO_SUCH_HOST = frozenset(
 _FD_DIR = "/proc/self/fd" if hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd") else None
 
 
-def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None, store: Any | None = None) -> bytes:
+def fetch(ref: str, limits: LimitSettings, s3_client: Any | None = None, store: Any | None = None,
+          job: str | None = None) -> bytes:
     """Read one image's bytes, at most ``limits.max_bytes``, raising typed errors (``store``: the
-    result store, for ``store:`` refs)."""
+    result store, for ``store:`` refs, which only the job that wrote them, ``job``, may read)."""
     parsed = parse(ref, limits, resolve=_FD_DIR is None)
     if parsed.kind == "store":
+        if job is None or parsed.owner != job:
+            raise RefusedRef(f"{parsed.value} is an inline image of another job: a job reads only its own")
         return _fetch_store(store, parsed, limits.max_bytes)
     if parsed.kind == "local":
         if _FD_DIR is None:
@@ -193,17 +198,19 @@ def _public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
         raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
     addresses = [str(info[4][0]).split("%")[0] for info in infos]
     if not limits.http_allow_private:
-        for text in addresses:
-            addr = ipaddress.ip_address(text)
-            if not addr.is_global:
-                raise RefusedRef(f"{host} resolves to a non-public address ({addr})")
+        for text in addresses:  # (an IPv6 address is judged with the IPv4 ones it embeds too)
+            if not is_public(text):
+                raise RefusedRef(f"{host} resolves to a non-public address ({text})")
     return list(dict.fromkeys(addresses))
 
 
-def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings) -> Any:
+def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings, deadline: Deadline | None = None,
+            vet: bool = True) -> Any:
     """``base`` whose socket goes to an address vetted by the same lookup that checked it: a
     name that re-resolves between check and connect (DNS rebinding) cannot redirect the fetch to
-    an internal service. TLS still verifies the certificate against the host name."""
+    an internal service. TLS still verifies the certificate against the host name. Every socket
+    it opens is watched by ``deadline`` (the TLS handshake included); ``vet=False``: through a
+    proxy, which resolves the name itself (the socket is still watched)."""
 
     class Pinned(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -214,11 +221,19 @@ def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings) -> An
             # http.client always passes its own timeout
             host, port = address
             error: OSError | None = None
-            for ip in _public_addresses(host, port, limits):
+            for ip in _public_addresses(host, port, limits) if vet else [host]:
+                if deadline is not None:
+                    if deadline.remaining() <= 0:
+                        raise TimeoutError(f"no answer within http_timeout ({limits.http_timeout:g} s)")
+                    timeout = min(timeout, deadline.remaining())
                 try:
-                    return socket.create_connection((ip, port), timeout, source_address)
+                    sock = socket.create_connection((ip, port), timeout, source_address)
                 except OSError as exc:
                     error = exc
+                    continue
+                if deadline is not None:
+                    deadline.watch(sock)
+                return sock
             raise error or OSError(f"no address for {host}")
 
     return Pinned
@@ -231,47 +246,70 @@ def _direct(req: urllib.request.Request) -> bool:
 
 
 class _PinnedHTTP(urllib.request.HTTPHandler):
-    def __init__(self, limits: LimitSettings) -> None:
+    def __init__(self, limits: LimitSettings, deadline: Deadline | None = None) -> None:
         super().__init__()
-        self._conn = _pinned(http.client.HTTPConnection, limits)
+        self._conn = _pinned(http.client.HTTPConnection, limits, deadline)
+        self._proxied = _pinned(http.client.HTTPConnection, limits, deadline, vet=False)
 
     def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(self._conn if _direct(req) else http.client.HTTPConnection, req)
+        return self.do_open(self._conn if _direct(req) else self._proxied, req)
 
 
 class _PinnedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, limits: LimitSettings) -> None:
+    def __init__(self, limits: LimitSettings, deadline: Deadline | None = None) -> None:
         super().__init__()
-        self._conn = _pinned(http.client.HTTPSConnection, limits)
+        self._conn = _pinned(http.client.HTTPSConnection, limits, deadline)
+        self._proxied = _pinned(http.client.HTTPSConnection, limits, deadline, vet=False)
 
     def https_open(self, req: urllib.request.Request) -> Any:
-        cls = self._conn if _direct(req) else http.client.HTTPSConnection
+        cls = self._conn if _direct(req) else self._proxied
         return self.do_open(cls, req, context=getattr(self, "_context", None))
 
 
 def _fetch_http(url: str, limits: LimitSettings) -> bytes:
+    """One deadline, ``limits.http_timeout``, for the whole fetch: connect (every redirect's),
+    TLS handshake, headers and body (``ocrq.deadline``), so a server that drips bytes cannot hold
+    a fetch thread past it; a body shorter than its Content-Length is an error, not an image."""
+    with Deadline(limits.http_timeout) as deadline:
+        try:
+            data = _fetch_http_within(url, limits, deadline)
+        except (OSError, http.client.HTTPException, StorageUnavailable) as exc:
+            if deadline.expired:
+                raise _too_slow(url, limits) from exc
+            raise
+        if deadline.expired:  # (a socket shut down reads as the end of a body without a length)
+            raise _too_slow(url, limits)
+        return data
+
+
+def _too_slow(url: str, limits: LimitSettings) -> StorageUnavailable:
+    return StorageUnavailable(f"no complete answer within http_timeout ({limits.http_timeout:g} s): {url}")
+
+
+def _fetch_http_within(url: str, limits: LimitSettings, deadline: Deadline) -> bytes:
     schemes = frozenset(s.lower() for s in limits.allowed_schemes) & {"http", "https"}
     # every connection (redirects included) resolves its host once, refuses non-public addresses
     # unless limits.http_allow_private, and connects to one of the addresses it checked
     opener = urllib.request.build_opener(
-        _Redirects(limits.http_max_redirects, schemes), _PinnedHTTP(limits), _PinnedHTTPS(limits)
+        _Redirects(limits.http_max_redirects, schemes), _PinnedHTTP(limits, deadline),
+        _PinnedHTTPS(limits, deadline),
     )
     request = urllib.request.Request(url, headers={"User-Agent": "ocrq"})
-    # http_timeout bounds each socket operation and the whole fetch, so a server that drips
-    # bytes cannot hold a fetch thread indefinitely.
-    deadline = time.monotonic() + limits.http_timeout
     try:
         with opener.open(request, timeout=limits.http_timeout) as response:
             length = response.headers.get("Content-Length", "")
             if length.strip().isdigit() and int(length) > limits.max_bytes:
                 raise TooLarge(f"{int(length)} bytes > {limits.max_bytes}: {url}")
             # read1: return what has arrived, so the deadline is checked between arrivals
-            return _read_capped(response.read1, limits.max_bytes, url, deadline)
+            data = _read_capped(response.read1, limits.max_bytes, url, deadline.at)
+            if response.length:  # what Content-Length promised and the connection never brought
+                raise StorageUnavailable(f"the body ended {response.length} bytes short of its Content-Length: {url}")
+            return data
     except urllib.error.HTTPError as exc:
         exc.close()
         raise _http_status_error(exc.code, url) from exc
     except RefusedRef as exc:
-        if url in str(exc):
+        if redact_url(url) in str(exc):
             raise
         raise RefusedRef(f"{url}: {exc}") from exc
     except http.client.InvalidURL as exc:

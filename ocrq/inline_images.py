@@ -1,10 +1,12 @@
 """Inline images: a ``data:`` URI (an OpenAI Batch line's ``image_url``) becomes a ref.
 
-The bytes are written once to the result store under ``keys.inline_input(sha256)`` (content
-addressed: the same image in many lines, or in a file submitted again, is one object) and
-submitted as ``store:inputs/{sha256}``; workers read it from the store like any other ref, under
-``limits.max_bytes`` (``ocrq.fetch``). The size cap is applied to the URI's text before anything
-is decoded: an oversized URI costs no decode and no memory beyond its line.
+The bytes are written once to the result store under ``keys.inline_input(job, sha256)`` (content
+addressed within the job: the same image in many lines, or in the file submitted again, is one
+object) and submitted as ``store:inputs/{job}/{sha256}``; workers read it from the store like any
+other ref, under ``limits.max_bytes``, and only for a chunk of that job (``ocrq.fetch``): a line
+of another job (another tenant's) that names the ref is refused, whatever it knows of the hash.
+The size cap is applied to the URI's text before anything is decoded: an oversized URI costs no
+decode and no memory beyond its line.
 """
 
 from __future__ import annotations
@@ -61,12 +63,13 @@ _GROUP_BYTES = 32 * 1024 * 1024
 
 
 class InlineImages:
-    """Writes inline images to ``store`` (each distinct one once per instance, in groups) and
-    names them. ``flush`` before the refs are published: a ref names an object written."""
+    """Writes job ``job``'s inline images to ``store`` (each distinct one once per instance, in
+    groups) and names them. ``flush`` before the refs are published: a ref names an object written."""
 
-    def __init__(self, store: ResultStore, max_bytes: int) -> None:
+    def __init__(self, store: ResultStore, max_bytes: int, job: str) -> None:
         self.store = store
         self.max_bytes = max_bytes
+        self.job = job
         self._written: set[str] = set()
         self._pending: list[tuple[str, bytes]] = []
         self._pending_bytes = 0
@@ -75,7 +78,7 @@ class InlineImages:
         """The ``store:`` ref of a ``data:`` URI's bytes (written to the store if not yet)."""
         data = decode_data_uri(uri, self.max_bytes)
         digest = hashlib.sha256(data).hexdigest()
-        key = keys.inline_input(digest)
+        key = keys.inline_input(self.job, digest)
         if digest not in self._written:
             self._written.add(digest)
             self._pending.append((key, data))  # the same bytes under the same name: idempotent

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from ocrq.errors import OcrqError, StorageUnavailable
 from ocrq.expand import Entry, expand_entries, expand_uploaded
 from ocrq.fetch import _public_addresses
+from ocrq.redact import redact_message, shown_ref
 from ocrq.settings import LimitSettings
 
 #: skipped/refused entries kept for display (all are counted)
@@ -73,6 +74,8 @@ class IntakePlan:
     #: they were merged into as the reason
     merged_sample: list[Entry] = field(default_factory=list)
     _spool: IO[str] | None = None
+    #: the first ref refused for its roots, whole (the samples show refs cut: ``sampled``)
+    _roots_ref: str | None = None
 
     def summary(self) -> str:
         text = f"{self.accepted} accepted, {self.skipped} skipped, {self.refused} refused"
@@ -114,16 +117,15 @@ class IntakePlan:
 
     def hint(self) -> str | None:
         """What to change when refs were refused for their roots, naming the directory."""
-        for entry in self.refused_sample:
-            if "allowed roots" in entry.reason:
-                raw = entry.value.removeprefix("file://")
-                try:
-                    path = Path(raw).resolve()
-                    directory = path if path.is_dir() else path.parent
-                except (OSError, RuntimeError, ValueError):
-                    directory = Path(raw).parent
-                return ROOTS_HINT.format(roots=json.dumps([str(directory)]), dir=directory)
-        return None
+        if self._roots_ref is None:
+            return None
+        raw = self._roots_ref.removeprefix("file://")
+        try:
+            path = Path(raw).resolve()
+            directory = path if path.is_dir() else path.parent
+        except (OSError, RuntimeError, ValueError):
+            directory = Path(raw).parent
+        return ROOTS_HINT.format(roots=json.dumps([str(directory)]), dir=directory)
 
     def close(self) -> None:
         if self._spool is not None:
@@ -151,11 +153,13 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
             if entry.kind == "skipped":
                 plan.skipped += 1
                 if len(plan.skipped_sample) < SAMPLE:
-                    plan.skipped_sample.append(entry)
+                    plan.skipped_sample.append(sampled(entry))
             elif entry.kind == "refused":
                 plan.refused += 1
+                if plan._roots_ref is None and "allowed roots" in entry.reason:
+                    plan._roots_ref = entry.value
                 if len(plan.refused_sample) < SAMPLE:
-                    plan.refused_sample.append(entry)
+                    plan.refused_sample.append(sampled(entry))
             else:
                 line = json.dumps([entry.value, entry.row], ensure_ascii=False, default=str)
                 digest = hashlib.sha256(line.encode()).digest()[:16]
@@ -163,8 +167,8 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
                     plan.duplicates += 1
                     if len(plan.merged_sample) < SAMPLE:
                         first = named.get(digest, entry.value)
-                        plan.merged_sample.append(Entry("skipped", entry.source or entry.value,
-                                                        f"the same file as {first}, submitted once"))
+                        plan.merged_sample.append(sampled(Entry("skipped", entry.source or entry.value,
+                                                                f"the same file as {first}, submitted once")))
                     continue
                 seen.add(digest)
                 if entry.source and len(named) < _NAMED:  # what a later duplicate was merged into
@@ -176,6 +180,13 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
         plan.close()
         raise
     return plan
+
+
+def sampled(entry: Entry) -> Entry:
+    """An entry as a plan shows it (printed, answered by the API): its ref redacted and cut, its
+    reason redacted (a 10 MB ref, or a URL's password, is never echoed)."""
+    return Entry(entry.kind, shown_ref(entry.value), redact_message(entry.reason, 1000), entry.row, entry.source and
+                 shown_ref(entry.source))
 
 
 def check_ref(ref: str, limits: LimitSettings, worker_roots: Sequence[Path] | None = None,

@@ -174,6 +174,13 @@ end
 return 1
 """
 
+# KEYS: counts hash. ARGV: store puts, gets.
+_ADD_REQUESTS_LUA = """
+redis.call('HINCRBY', KEYS[1], 'store_puts', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'store_gets', ARGV[2])
+return 1
+"""
+
 # KEYS: job meta hash. ARGV: a new epoch (JSON), ttl. The job's epoch (kept if set) and its next
 # part number (ocrq.parts).
 _NEW_PART_LUA = """
@@ -267,10 +274,12 @@ class JobIndex:
         self._script = redis.register_script(_RECORD_LUA)
         # the workers' updates finish accepted work: they run past maxmemory (ocrq.scripts)
         self._update = PastMaxmemory(redis, _RECORD_LUA)
-        self._archive = redis.register_script(_ARCHIVE_LUA)
+        # archiving frees a finished job's per-image keys: past maxmemory too
+        self._archive = PastMaxmemory(redis, _ARCHIVE_LUA)
         self._new_part = PastMaxmemory(redis, _NEW_PART_LUA)
         # cancelling finishes accepted work (it only shrinks what is left): past maxmemory too
         self._cancel = PastMaxmemory(redis, _CANCEL_LUA)
+        self._add_requests = PastMaxmemory(redis, _ADD_REQUESTS_LUA)
 
     # --- writes ----------------------------------------------------------------------------
 
@@ -337,11 +346,9 @@ class JobIndex:
         return json.loads(epoch), int(n)
 
     def add_requests(self, job: str, puts: int, gets: int) -> None:
-        """Store requests made for the job outside its records (its export, its refs shards)."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hincrby(keys.job_counts(job), "store_puts", puts)
-        pipe.hincrby(keys.job_counts(job), "store_gets", gets)
-        pipe.execute()
+        """Store requests made for the job outside its records (its export, its refs shards);
+        past maxmemory too (an export's last step)."""
+        self._add_requests(keys=[keys.job_counts(job)], args=[puts, gets])
 
     def archive(self, job: str, exported_total: int) -> int:
         """Move a finished, exported job out of Redis: its per-image records, failed registry and
@@ -398,8 +405,10 @@ class JobIndex:
         return self.redis.hget(keys.job(job), "archived") is not None
 
     def counts(self, job: str) -> dict[str, int]:
-        """Images by status, plus ``total`` and ``cached`` (exact; what the job cost: ``cost``)."""
-        pipe = self.redis.pipeline()
+        """Images by status, plus ``total`` and ``cached`` (exact; what the job cost: ``cost``).
+        Two plain reads, not a transaction: Redis refuses a MULTI past its maxmemory, and a job
+        whose last image ended then must still be seen finished (its export asked for)."""
+        pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.job_counts(job))
         pipe.hlen(keys.job_images(job))
         raw, records = pipe.execute()

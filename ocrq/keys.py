@@ -43,8 +43,13 @@ state is in the store. For each key: what it holds, then how it grows and what b
                                      finish, so no export of half a submission
         per job being submitted; deleted at the end, else 600 s (refreshed per window of refs)
     ocrq:job:{job}:finishing   STR   set (NX) by the worker that saw the job complete and
-                                     published its export; cleared by new work (submit, reprocess)
+                                     published its export (its value: when, epoch s; the export
+                                     sweep asks again once it is redis.export_stale_s old and
+                                     the job is not archived); cleared by new work (submit, reprocess)
         per job; job_ttl
+    ocrq:exports:sweep         STR   held (NX) by the worker sweeping for finished jobs without
+                                     their export (worker.export_sweep)
+        one key; TTL redis.export_sweep_s
     ocrq:hot                   HASH  the hot cache's state: current generation, bytes written
         one key (on redis.cache_url); cache_ttl
     ocrq:hot:{generation}      HASH  cache key -> OcrOutput list JSON (hot copy)
@@ -123,9 +128,10 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}files/{tenant}/{file id}        a file uploaded through the API (an OpenAI Batch input
                                             file); deleted by ``DELETE /v1/files/{id}``, else kept
                                             (the bucket's lifecycle rules bound it)
-    {prefix}inputs/{sha256}                 an inline image (a ``data:`` URI of an OpenAI Batch line),
-                                            content-addressed, submitted as ``store:inputs/{sha256}``
-                                            (``ocrq.inline_images``)
+    {prefix}inputs/{job}/{sha256}           an inline image (a ``data:`` URI of an OpenAI Batch line)
+                                            of one job, content-addressed within it, submitted as
+                                            ``store:inputs/{job}/{sha256}``; a worker reads it only for
+                                            a chunk of that job (``ocrq.inline_images``, ``ocrq.fetch``)
     {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
@@ -140,7 +146,7 @@ row (``{"custom_id": ...}``, so it is part of the image id and comes back in its
 by the submission's ref shards and the result documents in the store, like any row; its own task
 and params ride in its shard line (a fourth element) and its chunk message. Per line of a file the
 store grows by that row in one shard line and one result document, plus one ``inputs/`` object
-per distinct inline image and one error line per rejected line; Redis holds only the per-image
+per distinct inline image of the job and one error line per rejected line; Redis holds only the per-image
 marker every submission has, until the job is archived.
 
 The store is the history: per image of a job it grows by one result document (a line of a
@@ -161,11 +167,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from ocrq.errors import RefusedKey
+from ocrq.names import shown
+
 PREFIX = "ocrq:"
 JOBS = PREFIX + "jobs"
+#: held by the worker sweeping for finished jobs without their export (worker.export_sweep)
+EXPORT_SWEEP = PREFIX + "exports:sweep"
 #: the hot cache's state: its current generation and the bytes written into it (worker.cache)
 HOT_STATE = PREFIX + "hot"
 
@@ -304,6 +316,34 @@ GOVERNOR_PROFILE_TTL_S = 30 * 86400
 
 # --- durable store paths (relative to the store prefix) -------------------------------------
 
+#: the longest store path (S3 keys are at most 1,024 bytes, the store's prefix included)
+MAX_STORE_PATH = 960
+#: characters no store path holds: control characters and the backslash (a separator on Windows
+#: tools that read an export)
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def check_store_path(path: object, *, prefix: bool = False) -> str:
+    """``path`` when it names something under a store's root, else ``RefusedKey``: every store
+    (local files, SQLite, S3) calls it on every path it is given, whoever the caller. Relative,
+    ``/``-separated, no empty, ``.`` or ``..`` segment, no control character, at most
+    ``MAX_STORE_PATH`` bytes. ``prefix``: a listing prefix, which may be empty or end in ``/``."""
+    if not isinstance(path, str):
+        raise RefusedKey(f"a store path must be text, not {type(path).__name__}")
+    if prefix and path == "":
+        return path
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if not path or size > MAX_STORE_PATH:
+        raise RefusedKey(f"store path of {size} bytes (1 to {MAX_STORE_PATH})")
+    segments = path.split("/")
+    if prefix and segments[-1] == "":
+        segments.pop()
+    if path.startswith("/") or any(seg in ("", ".", "..") for seg in segments) or _BAD_PATH_CHARS.search(path):
+        raise RefusedKey(f"store path {shown(path)} leaves the store's root or is malformed "
+                         "(relative, '/'-separated, no '', '.' or '..' segment, no control character)")
+    return path
+
+
 def cache_object(cache_key: str) -> str:
     return f"cache/{cache_key}.json"
 
@@ -391,9 +431,10 @@ def uploaded_file(tenant: str, file_id: str) -> str:
     return f"files/{tenant}/{file_id}"
 
 
-def inline_input(content_sha256: str) -> str:
-    """An inline image's bytes (``ocrq.inline_images``): a ``store:`` ref names this path."""
-    return f"inputs/{content_sha256}"
+def inline_input(job_name: str, content_sha256: str) -> str:
+    """An inline image's bytes, of job ``job_name`` (``ocrq.inline_images``): a ``store:`` ref
+    names this path, and only that job's chunks may read it (``ocrq.fetch``)."""
+    return f"inputs/{job_name}/{content_sha256}"
 
 
 # --- deterministic ids -----------------------------------------------------------------------

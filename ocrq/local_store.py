@@ -1,5 +1,10 @@
 """The earlier local layout of the durable store: one JSON file per document under ``store.path``.
-Still read (``ocrq.sqlite_store`` falls back to it), and where exports are written as plain files."""
+Still read (``ocrq.sqlite_store`` falls back to it), and where exports are written as plain files.
+
+Every path is checked twice before any I/O: against the grammar of store paths
+(``ocrq.keys.check_store_path``: no ``..``, no absolute path), and the file it names, symlinks
+followed, against the root (a symlink planted inside the store cannot point a write outside it).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ocrq.docbytes import dumps_doc
-from ocrq.errors import NameTaken, StorageUnavailable
+from ocrq.errors import NameTaken, RefusedKey, StorageUnavailable
+from ocrq.keys import check_store_path
 
 
 class LocalStore:
@@ -20,8 +26,13 @@ class LocalStore:
         self.root = root.resolve()
         self.location = str(self.root) + "/"
 
-    def _path(self, path: str) -> Path:
-        return self.root / path
+    def _path(self, path: str, prefix: bool = False) -> Path:
+        target = self.root / check_store_path(path, prefix=prefix)
+        resolved = os.path.realpath(target)
+        root = str(self.root)
+        if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
+            raise RefusedKey(f"store path {path[:200]!r} resolves outside the store ({root})")
+        return target
 
     def put_json(self, path: str, doc: Any) -> None:
         self._put(path, doc)
@@ -47,6 +58,8 @@ class LocalStore:
             raise StorageUnavailable(f"local store write {target}: {exc}") from exc
 
     def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
+        for path, _ in items:  # a path leaving the root refuses the whole write, before any I/O
+            self._path(path)
         for path, doc in items:
             self._put(path, doc, new=path in new)
 
@@ -98,7 +111,7 @@ class LocalStore:
             self.delete(path)
 
     def list(self, prefix: str) -> Iterator[str]:
-        base = self._path(prefix)
+        base = self._path(prefix, prefix=True)
         if not base.is_dir():
             return
         for p in sorted(base.rglob("*.json")):

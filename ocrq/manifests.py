@@ -7,7 +7,8 @@
   of every row. With a header, the other named columns are the row (as the text they are).
 
 A line without a usable ref comes back as ``ref=None`` (the caller refuses it, naming the line);
-blank lines are ignored. A manifest that cannot be read raises its typed error: missing →
+a line over ``MAX_LINE_BYTES`` as a ``LongLine`` (its length: it is read through in blocks, never
+held, ``ocrq.lines``); blank lines are ignored. A manifest that cannot be read raises its typed error: missing →
 MissingObject, not readable / S3 refused → RefusedRef, I/O or S3 down → StorageUnavailable
 (S3 answers through ``ocrq.s3errors``).
 """
@@ -15,7 +16,6 @@ MissingObject, not readable / S3 refused → RefusedRef, I/O or S3 down → Stor
 from __future__ import annotations
 
 import csv as _csv
-import io
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,22 +24,25 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable
+from ocrq.lines import LongLine, text_lines
 from ocrq.s3errors import s3_error
 
 MANIFEST_EXTENSIONS = frozenset({".jsonl", ".csv"})
 REF_FIELDS = ("ref", "path", "url", "uri")
 #: a manifest row's extra columns (JSON) above this are refused: they travel in every message
 MAX_ROW_BYTES = 16 * 1024
-_BUFFER = 1 << 16
+#: a manifest line above this is refused unread (a ref of 8,192 characters and a row of
+#: MAX_ROW_BYTES fit, with room for JSON's escapes)
+MAX_LINE_BYTES = 64 * 1024
 
-#: (line number, ref or None, the row's other fields or None)
-Row = tuple[int, str | None, dict[str, Any] | None]
+#: (line number, ref or None (a LongLine: a line over MAX_LINE_BYTES), the row's other fields or None)
+Row = tuple[int, str | LongLine | None, dict[str, Any] | None]
 
 
-def local_lines(path: Path) -> Iterator[str]:
+def local_lines(path: Path) -> Iterator[str | LongLine]:
     try:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
-            yield from handle
+        with open(path, "rb") as handle:
+            yield from text_lines(handle.read, MAX_LINE_BYTES)
     except FileNotFoundError as exc:
         raise MissingObject(f"manifest not found: {path}") from exc
     except PermissionError as exc:
@@ -48,37 +51,26 @@ def local_lines(path: Path) -> Iterator[str]:
         raise StorageUnavailable(f"cannot read manifest {path}: {exc}") from exc
 
 
-class _BodyReader(io.RawIOBase):
-    """Lets ``io.TextIOWrapper`` stream a botocore body line by line."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._body.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-
-def s3_lines(s3: Any, bucket: str, key: str) -> Iterator[str]:
+def s3_lines(s3: Any, bucket: str, key: str) -> Iterator[str | LongLine]:
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"]
-        raw = io.BufferedReader(_BodyReader(body), _BUFFER)
-        with io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="") as text:
-            yield from text
+        try:
+            yield from text_lines(body.read, MAX_LINE_BYTES)
+        finally:
+            body.close()
     except (ClientError, BotoCoreError, OSError) as exc:
         raise s3_error(exc, f"s3://{bucket}/{key}") from exc
 
 
-def manifest_rows(lines: Iterable[str], *, csv: bool) -> Iterator[Row]:
+def manifest_rows(lines: Iterable[str | LongLine], *, csv: bool) -> Iterator[Row]:
     return _csv_rows(lines) if csv else _jsonl_rows(lines)
 
 
-def _jsonl_rows(lines: Iterable[str]) -> Iterator[Row]:
+def _jsonl_rows(lines: Iterable[str | LongLine]) -> Iterator[Row]:
     for line_no, line in enumerate(lines, 1):
+        if isinstance(line, LongLine):
+            yield line_no, line, None
+            continue
         text = line.strip()
         if not text:
             continue
@@ -95,8 +87,18 @@ def _jsonl_rows(lines: Iterable[str]) -> Iterator[Row]:
         yield line_no, ref, extra
 
 
-def _csv_rows(lines: Iterable[str]) -> Iterator[Row]:
-    reader = _csv.reader(lines)
+def _csv_rows(lines: Iterable[str | LongLine]) -> Iterator[Row]:
+    long_lines: list[tuple[int, LongLine]] = []
+
+    def physical() -> Iterator[str]:  # a long line reaches the CSV reader as a blank one
+        for n, line in enumerate(lines, 1):
+            if isinstance(line, LongLine):
+                long_lines.append((n, line))
+                yield "\n"
+            else:
+                yield line
+
+    reader = _csv.reader(physical())
     column = 0
     header: list[str] = []
     first = True
@@ -104,10 +106,15 @@ def _csv_rows(lines: Iterable[str]) -> Iterator[Row]:
         try:
             row = next(reader)
         except StopIteration:
+            for n, long in long_lines:
+                yield n, long, None
             return
         except _csv.Error:  # e.g. a field over csv.field_size_limit: that line only
             yield reader.line_num, None, None
             continue
+        while long_lines:
+            n, long = long_lines.pop(0)
+            yield n, long, None
         if first:
             first = False
             names = [cell.strip().lower() for cell in row]

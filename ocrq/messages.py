@@ -3,17 +3,31 @@
 Bulk jobs put up to ``queue.chunk_size`` refs in one message (one broker round trip instead of
 64); everything after delivery — state, retries, failures, results — is per image. A retry
 re-publishes only the items that need it, with their attempt counters.
+
+A worker reads a message as a stranger's (anyone who can reach Redis can publish one):
+``read_chunk`` checks every field against the grammar the producer writes and returns a chunk
+whose every field is within it, with the images it refuses (``BadMessage``, ``TooLarge``,
+``RefusedRef``: recorded failed, never fetched) and the items it cannot record at all (an id that
+is not one ocrq makes: dropped and counted). A message whose job name is not one
+(``ocrq.names.qualified_ok``) cannot be recorded anywhere: ``UnreadableMessage``, the worker
+logs it (cut, redacted), counts it and drops it.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ocrq.errors import TooLarge
-from ocrq.redact import redact_url
+from ocrq import names
+from ocrq.errors import BadMessage, OcrqError, RefusedRef, TooLarge
+from ocrq.manifests import MAX_ROW_BYTES
+from ocrq.redact import redact_url, shown_ref
+from ocrq.refs import MAX_REF_CHARS
 
 #: Celery task name of the chunk task (the producer sends by name; it never imports the worker)
 OCR_CHUNK_TASK = "ocrq.ocr_chunk"
@@ -119,3 +133,124 @@ def chunk_groups(items: list[Item], size: int, cap: int, overhead: int = 1024) -
     if part:
         groups.append(part)
     return groups
+
+
+# --- reading a message from the broker (the worker's side) ----------------------------------
+
+#: an image id as ocrq makes it (``keys.image_id``): 32 lower-case hex digits
+_ITEM_ID = re.compile(r"[0-9a-f]{32}")
+#: the highest attempt number a message may carry (ocrq's own stop at ``queue.max_attempts``)
+MAX_ATTEMPT = 1000
+#: Celery's priority levels on Redis (0 = most urgent)
+PRIORITIES = range(10)
+
+
+class UnreadableMessage(ValueError):
+    """A message with no job name ocrq writes, or no items list: nothing in it can be recorded.
+    Its text is safe to log (cut and redacted)."""
+
+
+@dataclass
+class ReadChunk:
+    """A chunk message as the worker may act on it."""
+
+    #: every field within the grammar; a refused item carries a placeholder task/params/row
+    chunk: Chunk
+    #: image id → why it is refused (recorded failed, never fetched)
+    refused: dict[str, OcrqError] = field(default_factory=dict)
+    #: items left out: no id ocrq makes (nowhere to record them), or an id twice
+    dropped: int = 0
+
+
+def read_job_name(job: object) -> str:
+    """A job name from a message, or ``UnreadableMessage``."""
+    if not names.qualified_ok(job):
+        raise UnreadableMessage(f"job name {names.shown(job)} is not one ocrq writes")
+    assert isinstance(job, str)
+    return job
+
+
+def read_chunk(message: object, max_bytes: int) -> ReadChunk:
+    """Read a chunk message from the broker (see the module docstring). ``max_bytes``:
+    ``queue.max_message_bytes`` (params may hold a quarter of it)."""
+    if not isinstance(message, dict):
+        raise UnreadableMessage(f"a chunk message must be a JSON object, not {type(message).__name__}")
+    job = read_job_name(message.get("job"))
+    raw_items = message.get("items")
+    if not isinstance(raw_items, list):
+        raise UnreadableMessage(f"job={job}: a chunk message without an items list")
+    try:
+        size = message_bytes(message)
+    except (TypeError, ValueError):  # (from JSON, so it serialises; a guard for other callers)
+        size = max_bytes + 1
+    whole: OcrqError | None = None
+    if size > max_bytes:
+        whole = TooLarge(f"chunk message of {size} bytes exceeds queue.max_message_bytes ({max_bytes})")
+    task, params, problem = _spec(message.get("task", "text"), message.get("params", {}), max_bytes)
+    whole = whole or problem
+    priority = message.get("priority", 0)
+    if type(priority) is not int or priority not in PRIORITIES:
+        whole = whole or BadMessage(f"priority {names.shown(priority)}: an integer 0 to 9")
+        priority = 0
+    since = message.get("outage_since")
+    if since is not None and (type(since) not in (int, float) or not math.isfinite(since) or since < 0):
+        since = None  # (only paces retries through an outage: dropped, not refused)
+    read = ReadChunk(Chunk(job=job, task=task, params={} if whole else params, items=[],
+                           priority=priority, outage_since=since))
+    seen: set[str] = set()
+    for raw in raw_items:
+        item_id = raw.get("id") if isinstance(raw, dict) else None
+        if not isinstance(item_id, str) or not _ITEM_ID.fullmatch(item_id) or item_id in seen:
+            read.dropped += 1
+            continue
+        seen.add(item_id)
+        item, why = _item(item_id, raw, max_bytes)
+        if whole is not None or why is not None:
+            read.refused[item_id] = whole or why  # type: ignore[assignment]
+            item = item.model_copy(update={"task": None, "params": None, "row": None})
+        read.chunk.items.append(item)
+    return read
+
+
+def _spec(task: object, params: object, max_bytes: int) -> tuple[str, dict[str, Any], OcrqError | None]:
+    """(task, params) as read, placeholders when refused, and why."""
+    if not isinstance(task, str) or task not in TASKS:
+        return "text", {}, BadMessage(f"unknown task {names.shown(task)}: one of {', '.join(TASKS)}")
+    if not isinstance(params, dict):
+        return task, {}, BadMessage(f"task params must be a JSON object, not {type(params).__name__}")
+    size = message_bytes(params)
+    if size > max_bytes // 4:
+        return task, {}, TooLarge(f"task params of {size} bytes exceed a quarter of queue.max_message_bytes"
+                                  f" ({max_bytes})")
+    return task, params, None
+
+
+def _item(item_id: str, raw: dict[str, Any], max_bytes: int) -> tuple[Item, OcrqError | None]:
+    """One item as read (with a shown ref and placeholders when refused), and why it is refused."""
+    ref = raw.get("ref")
+    if not isinstance(ref, str):
+        return Item(id=item_id, ref=""), BadMessage(f"ref must be text, not {type(ref).__name__}")
+    if len(ref) > MAX_REF_CHARS:
+        return Item(id=item_id, ref=shown_ref(ref)), RefusedRef(
+            f"reference of {len(ref)} characters (more than {MAX_REF_CHARS})")
+    item = Item(id=item_id, ref=ref)
+    attempt = raw.get("attempt", 1)
+    if type(attempt) is not int or not 1 <= attempt <= MAX_ATTEMPT:
+        return item, BadMessage(f"attempt {names.shown(attempt)}: a count from 1 to {MAX_ATTEMPT}")
+    item.attempt = attempt
+    row = raw.get("row")
+    if row is not None:
+        if not isinstance(row, dict):
+            return item, BadMessage(f"row must be a JSON object, not {type(row).__name__}")
+        if message_bytes(row) > MAX_ROW_BYTES:
+            return item, BadMessage(f"row of more than {MAX_ROW_BYTES} bytes")
+        item.row = row
+    task, params = raw.get("task"), raw.get("params")
+    if task is not None or params is not None:  # its own, over the chunk's (None: the chunk's)
+        own_task, own_params, why = _spec("text" if task is None else task, {} if params is None else params,
+                                          max_bytes)
+        if why is not None:
+            return item, why
+        item.task = None if task is None else own_task
+        item.params = None if params is None else own_params
+    return item, None

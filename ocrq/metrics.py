@@ -17,12 +17,12 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from ocrq import keys, redis_conn
+from ocrq import keys, metrics_server, redis_conn
 from ocrq.jobs import COST_FIELDS
 from ocrq.settings import RedisSettings
 
@@ -156,13 +156,14 @@ class RedisCollector(Collector):
         yield workers
 
 
-def serve(redis: Any, queues: list[str], host: str, port: int, rs: RedisSettings | None = None) -> None:
+def serve(redis: Any, queues: list[str], host: str, port: int, rs: RedisSettings | None = None,
+          credentials: str | None = None) -> None:
     """Serve the exporter until the process is stopped (``rs``: the settings, for Sentinel's
-    view of the master)."""
+    view of the master; ``credentials``: basic auth, ocrq.metrics_server)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector(redis, queues, rs))
-    server, thread = start_http_server(port, addr=host, registry=registry)
-    log.info("serving metrics on http://%s:%d/metrics", host, port)
+    server, thread = metrics_server.start(registry, host, port, credentials)
+    log.info("serving metrics on http://%s:%d/metrics%s", host, port, " (basic auth)" if credentials else "")
     try:
         thread.join()
     finally:

@@ -24,9 +24,10 @@ SEPARATOR = "~"
 #: the tenant of the CLI, the Python client and the jobs made before tenants: its jobs are unqualified
 DEFAULT_TENANT = "default"
 
-_JOB = re.compile(rf"^{JOB_PATTERN}$")
-_TENANT = re.compile(rf"^{TENANT_PATTERN}$")
-_QUALIFIED = re.compile(rf"^(?:(?P<tenant>{TENANT_PATTERN}){SEPARATOR})?(?P<name>{JOB_PATTERN})$")
+# \Z, not $: "$" also matches before a final newline, and "job\n" is no job name
+_JOB = re.compile(rf"^{JOB_PATTERN}\Z")
+_TENANT = re.compile(rf"^{TENANT_PATTERN}\Z")
+_QUALIFIED = re.compile(rf"^(?:(?P<tenant>{TENANT_PATTERN}){SEPARATOR})?(?P<name>{JOB_PATTERN})\Z")
 
 
 def job_ok(name: object) -> bool:

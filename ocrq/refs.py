@@ -2,12 +2,14 @@
 ``ocrq.fetch``); ``ocrq.expand`` turns containers into single-image refs.
 
 A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, an
-``http(s)://`` URL, or ``store:inputs/{sha256}``: an image ocrq itself wrote to its store (a
-``data:`` URI of an OpenAI Batch line, ``ocrq.inline_images``). Canonical refs are absolute
+``http(s)://`` URL, or ``store:inputs/{job}/{sha256}``: an image ocrq itself wrote to its store for
+job ``job`` (a ``data:`` URI of an OpenAI Batch line, ``ocrq.inline_images``), which only that
+job's chunks may read (``ocrq.fetch``). Canonical refs are absolute
 resolved local paths (no ``file://``), ``s3://bucket/key``, URLs and ``store:`` refs.
-Refused (``RefusedRef``): malformed, too long, a scheme not allowed, a local path outside the
-allowed roots (symlinks and ``..`` followed first), a bucket not allowed, a ``store:`` ref to
-anything but an inline input.
+Refused (``RefusedRef``): malformed, too long, a scheme not allowed, a URL with a user name or
+password in it (``https://alice:pw@host/a.png``: a credential would travel in every message and
+record), a local path outside the allowed roots (symlinks and ``..`` followed first), a bucket not
+allowed, a ``store:`` ref to anything but an inline input.
 
 Confinement is enforced again by ``fetch`` (the worker is the boundary: anyone who can write to
 the broker can submit any string), on Linux on the opened file itself.
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from ocrq import names
 from ocrq.errors import RefusedRef
 from ocrq.manifests import MANIFEST_EXTENSIONS
 from ocrq.redact import redact_text
@@ -41,7 +44,8 @@ _CHUNK = 1 << 16
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 #: a ``store:`` ref names an inline input and nothing else in the store (not results, not cache)
 STORE_SCHEME = "store"
-_STORE_KEY = re.compile(r"inputs/[0-9a-f]{64}")
+_STORE_KEY = re.compile(rf"inputs/(?P<job>(?:{names.TENANT_PATTERN}{names.SEPARATOR})?{names.JOB_PATTERN})"
+                        r"/[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class Ref:
     value: str
     bucket: str = ""
     key: str = ""
+    #: a ``store:`` ref: the job whose inline image it is (only that job's chunks may read it)
+    owner: str = ""
 
     @functools.cached_property
     def path(self) -> Path | None:
@@ -110,22 +116,31 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None, *, re
     if scheme == STORE_SCHEME:
         return _store(text)
     if scheme in ("http", "https"):
-        try:
-            parts = urlsplit(text)
-            parts.port  # noqa: B018 - raises ValueError on a malformed port
-        except ValueError as exc:
-            raise RefusedRef(f"malformed URL: {text}") from exc
-        if not parts.hostname:
-            raise RefusedRef(f"malformed URL: {text}")
-        return Ref("http", text)
+        return _http(text)
     raise RefusedRef(f"scheme {scheme!r} is not supported: {text}")
+
+
+def _http(text: str) -> Ref:
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise RefusedRef(f"malformed URL: {text}") from exc
+    if not parts.hostname:
+        raise RefusedRef(f"malformed URL: {text}")
+    if "@" in parts.netloc:
+        # refused, not fetched: a password would travel in every message, record and log line
+        # that names the ref (and urllib would send the user name to DNS as part of the host)
+        raise RefusedRef(f"a URL with a user name or password in it is refused: {text} (use a presigned URL, "
+                         "or s3:// with the workers' own credentials)")
+    return Ref("http", text)
 
 
 def _store(text: str) -> Ref:
     key = text[len(STORE_SCHEME) + 1:]
-    if not _STORE_KEY.fullmatch(key):
-        raise RefusedRef(f"malformed store reference (store:inputs/{{sha256}} only): {redact_text(text[:100])}")
-    return Ref("store", f"{STORE_SCHEME}:{key}", key=key)
+    if not (match := _STORE_KEY.fullmatch(key)):
+        raise RefusedRef(f"malformed store reference (store:inputs/{{job}}/{{sha256}} only): {redact_text(text[:100])}")
+    return Ref("store", f"{STORE_SCHEME}:{key}", key=key, owner=match.group("job"))
 
 
 def _s3(text: str, limits: LimitSettings) -> Ref:

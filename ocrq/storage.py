@@ -9,6 +9,11 @@ failover or a crash can set back, so it is written as new (``put_many``'s ``new`
 ``If-None-Match: *``, SQLite's plain INSERT, a hard link on disk) and never replaces another.
 A missing object reads as ``None``; other failures raise ``StorageUnavailable`` (retryable) locally,
 and on S3 whatever ``ocrq.s3errors.s3_error`` maps them to (the same mapping refs use).
+
+Every store refuses a path outside the grammar of ``ocrq.keys.check_store_path`` (``RefusedKey``:
+``..``, an absolute path, a control character) before any request, whoever the caller: a job
+name from a hostile message cannot step out of its folder, nor out of the S3 prefix (some
+S3-compatible servers normalise ``..`` in a key).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, BinaryIO, Protocol
 
 from ocrq.docbytes import dumps_doc
 from ocrq.errors import MissingObject, NameTaken, StorageUnavailable
+from ocrq.keys import check_store_path
 from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
 
@@ -105,10 +111,12 @@ class S3Store:
         return list(self._pool.map(fn, items))
 
     def put_many(self, items: Sequence[tuple[str, Any]], *, new: Collection[str] = ()) -> None:
+        for path, _ in items:  # every path checked before the first request
+            check_store_path(path)
         self._map(lambda kv: self._put(kv[0], kv[1], new=kv[0] in new), items)
 
     def get_many(self, paths: Iterable[str], *, raw: bool = False) -> dict[str, Any]:
-        wanted = list(dict.fromkeys(paths))
+        wanted = [check_store_path(p) for p in dict.fromkeys(paths)]
         docs = self._map(lambda p: self._get(p, raw), wanted)
         return {p: d for p, d in zip(wanted, docs, strict=True) if d is not None}
 
@@ -120,6 +128,7 @@ class S3Store:
 
         # S3 conditional writes (AWS since 2024-08, MinIO, moto); a store that refuses the header
         # as not implemented gets plain writes from then on (what every write was before), said once
+        check_store_path(path)
         only_new = {"IfNoneMatch": "*"} if new and self.conditional_writes else {}
         try:
             self.client.put_object(
@@ -145,6 +154,7 @@ class S3Store:
     def _get(self, path: str, raw: bool) -> Any | None:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        check_store_path(path)
         try:
             obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + path)
             data = obj["Body"].read()
@@ -159,6 +169,7 @@ class S3Store:
         from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
+        check_store_path(path)
         try:  # multipart above boto3's threshold: an export may be gigabytes
             self.client.upload_file(str(local), self.bucket, self.prefix + path,
                                     ExtraArgs={"ContentType": content_type})
@@ -185,6 +196,7 @@ class S3Store:
     def delete(self, path: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        check_store_path(path)
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self.prefix + path)
         except (BotoCoreError, ClientError) as exc:
@@ -194,7 +206,7 @@ class S3Store:
         from botocore.exceptions import BotoCoreError, ClientError
 
         todo = iter(paths)
-        while group := list(islice(todo, 1000)):
+        while group := [check_store_path(p) for p in islice(todo, 1000)]:
             try:
                 out = self.client.delete_objects(Bucket=self.bucket, Delete={
                     "Objects": [{"Key": self.prefix + p} for p in group], "Quiet": True})
@@ -208,6 +220,7 @@ class S3Store:
     def list(self, prefix: str) -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        check_store_path(prefix, prefix=True)
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix

@@ -286,6 +286,15 @@ class Channel(kredis.Channel):
                 self._put_script = PastMaxmemory(client, _PUT_LUA)
             self._put_script(keys=[self._q_for_pri(queue, pri), ring], args=[dumps(message), RING_CAP])
 
+    def _size(self, queue: str) -> int:
+        """The queue's length over its priority lists: plain reads, not kombu's MULTI, which Redis
+        refuses past maxmemory (a queue declare before a publish, a job's export among them)."""
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for pri in self.priority_steps:
+                pipe.llen(self._q_for_pri(queue, pri))
+            return sum(size for size in pipe.execute() if isinstance(size, int))
+
     # -- consuming: wait on the rings, then claim atomically --------------------------------
     def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
         if no_ack:

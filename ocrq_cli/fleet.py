@@ -69,6 +69,7 @@ def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) 
 
 def down() -> None:
     """Stop what `ocrq up` started (here: the stack whose state is under ./var/)."""
+    from ocrq.redis_conn import redacted
     from ocrq.stack import Stack
 
     stack = Stack(command_settings())
@@ -79,7 +80,7 @@ def down() -> None:
         others = stack.others()
         if others:  # the user is in the wrong directory: say where the running stack is
             console.print(f"[red]nothing was started from {stack.var}; the stack on "
-                          f"{stack.settings.redis.url} runs from {', '.join(others)}: run `ocrq down` "
+                          f"{redacted(stack.settings.redis.url)} runs from {', '.join(others)}: run `ocrq down` "
                           f"in {', '.join(str(Path(o).parent) for o in others)}[/]")
             raise typer.Exit(code=1)
         console.print(f"no stack was running from {stack.var}")
@@ -138,5 +139,6 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
     from ocrq.metrics import serve
 
     settings = command_settings()
+    auth = settings.metrics_basic_auth
     serve(redis_conn.client(settings.redis), queues.split(",") if queues else [settings.queue.name],
-          host, port, settings.redis)
+          host, port, settings.redis, auth.get_secret_value() if auth else None)

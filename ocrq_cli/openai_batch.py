@@ -41,7 +41,7 @@ def submit(refs: list[str] | None, source: str | None, job: str, priority: int |
     client = make_client(command_settings())
     t0 = time.monotonic()
     try:
-        batch = plan_batch(client, source)
+        batch = plan_batch(client, source, job=job)
     except (OcrqError, OSError, ValueError) as exc:
         raise InputUnreadable(f"{source}: {type(exc).__name__}: {exc}") from exc
     console.print(f"job [bold]{escape(job)}[/]: {escape(source)}: {batch.summary()}")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ocrq import errors
 from ocrq.errors import RefusedRef, TooLarge
-from ocrq.redact import redact_text, redact_url
+from ocrq.redact import redact_message, redact_text, redact_url, shown_ref
 
 if TYPE_CHECKING:
     from ocrq.intake import IntakePlan
@@ -56,7 +56,7 @@ class ClientError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The API's error body: ``{"error": {"type", "code", "message"}}`` (secrets redacted)."""
-        return {"error": {"type": type(self).__name__, "code": self.code, "message": redact_text(str(self))}}
+        return {"error": {"type": type(self).__name__, "code": self.code, "message": redact_message(str(self))}}
 
     def headers(self) -> dict[str, str]:
         return {}
@@ -81,7 +81,7 @@ class SubmissionRefused(Refused, RefusedRef):
 
     def body(self) -> dict[str, Any]:
         out = super().body()
-        out["error"]["refused"] = [{"ref": redact_url(e.value)[:500], "reason": redact_text(e.reason)[:500]}
+        out["error"]["refused"] = [{"ref": shown_ref(e.value), "reason": redact_message(e.reason, 500)}
                                    for e in self.plan.refused_sample]
         out["error"]["counts"] = {"accepted": self.plan.accepted, "skipped": self.plan.skipped,
                                   "refused": self.plan.refused}

@@ -16,6 +16,7 @@ submission a killed producer left half written.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -25,13 +26,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq import keys
+from ocrq import keys, names
 from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
 from ocrq.fetch import fetch
 from ocrq.inline_images import InlineImages, is_data_uri
 from ocrq.intake import IntakePlan, check_ref
 from ocrq.jobs import finished
+from ocrq.lines import LongLine, capped_lines
 from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
 from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
@@ -39,7 +41,7 @@ from ocrq.results import json_line
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 from producer.client import Client
-from producer.errors import UnsupportedTask
+from producer.errors import InvalidName, UnsupportedTask
 from producer.job import Job
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
@@ -56,6 +58,8 @@ class BatchPlan:
     #: sha256[:16] of the file's bytes: names its rejected lines in the store
     digest: str
     plan: IntakePlan
+    #: the job it was planned for (its inline images are that job's)
+    job: str = ""
     lines: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
 
@@ -63,9 +67,12 @@ class BatchPlan:
         return f"{self.lines} lines: {self.plan.accepted} accepted, {len(self.rejected)} rejected"
 
 
-def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str | None]:
+def read_lines(client: Client, source: str, cap: int = MAX_URL_FILE_BYTES,
+               digest: Any | None = None) -> tuple[Iterator[bytes | LongLine], Path | str | None]:
     """The lines of ``source`` (a path, ``s3://bucket/key`` or an http(s) URL) and where a relative
-    image path in it resolves (the file's directory, or its S3 "folder")."""
+    image path in it resolves (the file's directory, or its S3 "folder"). A line over ``cap``
+    bytes is a ``LongLine``, read through, never held (``ocrq.lines``); ``digest`` (hashlib) is
+    fed every byte of the file."""
     if source.startswith("s3://"):
         ref = parse(source, client.settings.limits)
         try:
@@ -73,52 +80,60 @@ def read_lines(client: Client, source: str) -> tuple[Iterator[bytes], Path | str
         except (BotoCoreError, ClientError) as exc:  # NoSuchKey -> MissingObject, ...
             raise s3_error(exc, source) from exc
         folder = ref.key.rpartition("/")[0]
-        return body.iter_lines(keepends=True), f"s3://{ref.bucket}/{folder + '/' if folder else ''}"
+        return capped_lines(body.read, cap, digest), f"s3://{ref.bucket}/{folder + '/' if folder else ''}"
     if source.startswith(("http://", "https://")):
         limits = client.settings.limits.model_copy(update={"max_bytes": MAX_URL_FILE_BYTES})
-        return iter(fetch(source, limits).splitlines(keepends=True)), None
+        return capped_lines(io.BytesIO(fetch(source, limits)).read, cap, digest), None
     path = Path(source)
 
-    def local() -> Iterator[bytes]:
+    def local() -> Iterator[bytes | LongLine]:
         with path.open("rb") as fh:
-            yield from fh
+            yield from capped_lines(fh.read, cap, digest)
 
     if not path.is_file():
         raise RefusedRef(f"no such file: {source}")
     return local(), path.resolve().parent
 
 
-def plan_batch(client: Client, source: str, lines: Iterator[bytes] | None = None,
+def plan_batch(client: Client, source: str, *, job: str, read: Callable[[int], bytes] | None = None,
                limits: LimitSettings | None = None) -> BatchPlan:
-    """Read and check every line of ``source``; nothing is published (inline images are written
-    to the store, under their content's name). ``lines``: the file's lines, read elsewhere (an
-    upload: relative image paths then have no folder); ``limits``: other rules than the
-    settings' (a tenant's)."""
-    base: Path | str | None = None
-    if lines is None:
-        lines, base = read_lines(client, source)
+    """Read and check every line of ``source`` for job ``job``; nothing is published (inline images
+    are written to the store, under the job and their content's name: only the job's chunks may
+    read them, so the plan is for that job alone, ``submit_batch``). ``read``: the file's bytes,
+    from elsewhere (an upload: a relative image path then has no folder); ``limits``: other
+    rules than the settings' (a tenant's)."""
+    if not names.qualified_ok(job):
+        raise InvalidName(f"job name {names.shown(job)}: use letters, digits, '.', '_', '-' (≤ 128), "
+                          "starting with a letter or digit")
     limits = limits if limits is not None else client.settings.limits
     workers = client.worker_roots()
     if not limits.allowed_roots and workers:
         limits = limits.model_copy(update={"allowed_roots": workers})
-    inline = InlineImages(client.store, limits.max_bytes)
+    inline = InlineImages(client.store, limits.max_bytes, job)
     engines = client.engine_capabilities()  # a line no live engine can honour is rejected
     hosts: dict[tuple[str, int], str | None] = {}
     # (a data: URI is base64: 4/3 of its bytes; the rest of a line is small)
     max_line = limits.max_bytes * 4 // 3 + (1 << 20)
     seen: dict[bytes, int] = {}  # sha256[:8] of each custom_id -> its line
     digest = hashlib.sha256()
+    base: Path | str | None = None
+    if read is None:
+        lines, base = read_lines(client, source, max_line, digest)
+    else:
+        lines = capped_lines(read, max_line, digest)
     plan = IntakePlan.new()
-    batch = BatchPlan(source, "", plan)
+    batch = BatchPlan(source, "", plan, job=job)
     failures: list[tuple[str, int, OcrqError]] = []
     for n, raw in enumerate(lines, 1):
-        digest.update(raw)
+        if isinstance(raw, LongLine):  # read through, never held
+            batch.lines += 1
+            failures.append(("", n, TooLarge(f"a line of {raw.length:,} bytes (an image over limits.max_bytes,"
+                                              f" {limits.max_bytes:,})")))
+            continue
         if not raw.strip():
             continue
         batch.lines += 1
         try:
-            if len(raw) > max_line:
-                raise TooLarge(f"a line of {len(raw):,} bytes (an image over limits.max_bytes, {limits.max_bytes:,})")
             req = parse_line(raw)
             if len(req.custom_id) > MAX_CUSTOM_ID_CHARS:
                 raise InvalidLine(f"custom_id of {len(req.custom_id)} characters (at most {MAX_CUSTOM_ID_CHARS})")
@@ -138,7 +153,7 @@ def plan_batch(client: Client, source: str, lines: Iterator[bytes] | None = None
                     raise RefusedRef(reason)
             plan.accept(ref, {"custom_id": req.custom_id}, req.spec())
         except OcrqError as exc:
-            failures.append((custom_id_of(raw) if len(raw) <= max_line else "", n, exc))
+            failures.append((custom_id_of(raw), n, exc))
     inline.flush()  # every inline image is in the store before any ref to it is published
     batch.digest = digest.hexdigest()[:16]
     batch.rejected = [rejected_line(cid, n, batch.digest, exc) for cid, n, exc in failures]
@@ -149,7 +164,9 @@ def submit_batch(client: Client, batch: BatchPlan, *, job: str, priority: int | 
                  progress: Callable[[str, int, int], None] | None = None,
                  meta: dict[str, Any] | None = None) -> Job:
     """Record the rejected lines' errors in the store, then submit the accepted lines as one
-    submission of ``job`` (each image with its own task and params)."""
+    submission of ``job`` (each image with its own task and params), the job it was planned for."""
+    if batch.job != job:
+        raise ValueError(f"the batch was planned for job {batch.job!r}, not {job!r} (its inline images are that job's)")
     if batch.rejected:
         body = b"".join(json_line(line) + b"\n" for line in batch.rejected)
         client.store.put_many([(keys.openai_rejected(job, batch.digest), body)])

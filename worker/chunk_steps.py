@@ -79,22 +79,26 @@ class Stored:
     documents: int
 
 
-def fetch(ctx: WorkerContext, chunk: Chunk) -> Fetched:
+def fetch(ctx: WorkerContext, chunk: Chunk, refused: dict[str, OcrqError] | None = None) -> Fetched:
     """Fetch + hash in the fetch pool, a few groups per chunk (worker.fanout), overlapping other
-    chunks' inference; typed errors from refs/documents, anything else classified."""
-    fetched = Fetched({}, {})
+    chunks' inference; typed errors from refs/documents, anything else classified. The images
+    the message refused (``ocrq.messages.read_chunk``) are never fetched: their error stands,
+    nor those of a task or prompt this engine cannot honour (typed ``UnsupportedTask``)."""
+    fetched = Fetched({}, dict(refused or {}))
     caps = ctx.capabilities()
-    items = []
-    for it in chunk.items:  # a task or prompt this engine cannot honour fails typed, unfetched
+    todo = []
+    for it in chunk.items:
+        if it.id in fetched.errors:
+            continue
         why = unsupported(caps, *chunk.spec(it))
         if why is None:
-            items.append(it)
+            todo.append(it)
         else:
             fetched.errors[it.id] = UnsupportedTask(f"{why}: it runs {', '.join(caps['tasks'])}"
                                                     + ("" if caps["custom_prompt"] else ", without custom prompts"))
     outcomes = fan_out(ctx.fetch_pool, prep.fetch_groups(ctx, chunk), lambda it: prep.prepare(ctx, chunk, it),
-                       items)
-    for it, outcome in zip(items, outcomes, strict=True):
+                       todo)
+    for it, outcome in zip(todo, outcomes, strict=True):
         if isinstance(outcome, Exception):
             fetched.errors[it.id] = classify(outcome)
         else:

@@ -27,6 +27,7 @@ from worker.progress import ProgressCounter
 from worker.startup import StartupClock
 
 if TYPE_CHECKING:
+    from worker.export_sweep import ExportSweeper
     from worker.feeder import Feeder
     from worker.governor.governor import Governor
     from worker.memory.nvml import MemoryProbe
@@ -52,6 +53,8 @@ class WorkerContext:
     governor_key: str | None = None
     #: feeds the queue from submission shards (worker.feeder; set once the Celery app exists)
     feeder: Feeder | None = None
+    #: asks again for the export of finished jobs that lack it (worker.export_sweep)
+    sweeper: ExportSweeper | None = None
     #: where the worker's start went, phase by phase (worker.startup)
     startup: StartupClock = field(default_factory=StartupClock)
     #: "gpu" when the engine runs on the GPU this process was given, else "cpu"
@@ -118,6 +121,8 @@ class WorkerContext:
             self.feeder.stop()
         if self.progress is not None:
             self.progress.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.metrics.close()
         self.loop.stop(timeout=30)
         self.engine.close()
@@ -188,7 +193,8 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name],
                   settings.redis)
     if settings.metrics_port:
-        metrics.serve(settings.metrics_addr, settings.metrics_port)
+        auth = settings.metrics_basic_auth
+        metrics.serve(settings.metrics_addr, settings.metrics_port, auth.get_secret_value() if auth else None)
     # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
     s3 = make_s3_client(settings.store)
     store = make_store(settings.store, s3)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ocrq import keys
+from ocrq import keys, names
 from ocrq.feed import Feed
 
 log = logging.getLogger("ocrq.feeder")
@@ -41,12 +41,25 @@ class Feeder(threading.Thread):
                 jobs, self._poked = self._poked, set()
             try:
                 if swept or not jobs:
-                    jobs |= {j.decode() for j in self.feed.redis.smembers(keys.FEEDING)}
+                    jobs |= self._feeding()
                 for job in sorted(jobs):
                     self.feed.top_up(job)
             except Exception:  # Redis or the store away: the next sweep tries again
                 log.warning("feeding failed", exc_info=True)
                 self._halt.wait(1.0)
+
+    def _feeding(self) -> set[str]:
+        """The jobs being fed; a member that is no job name ocrq writes (not a producer's) is
+        removed, never read (its shards' paths would be built from it)."""
+        jobs = set()
+        for raw in self.feed.redis.smembers(keys.FEEDING):
+            job = raw.decode(errors="replace")
+            if names.qualified_ok(job):
+                jobs.add(job)
+            else:
+                log.warning("! %s in %s is no job name ocrq writes: removed", names.shown(job), keys.FEEDING)
+                self.feed.redis.srem(keys.FEEDING, raw)
+        return jobs
 
     def stop(self) -> None:
         self._halt.set()

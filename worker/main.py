@@ -14,12 +14,13 @@ from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker import gcwatch
 from worker.context import WorkerContext, build_context
+from worker.export_sweep import ExportSweep, ExportSweeper
 from worker.feeder import Feeder
 from worker.memory.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
 from worker.startup import StartupClock
-from worker.tasks import register_tasks
+from worker.tasks import register_tasks, send_finish
 
 log = logging.getLogger("ocrq.worker")
 
@@ -37,6 +38,10 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         return holder["ctx"]
 
     register_tasks(app, get_ctx)
+    # only ocrq's two tasks run here: Celery's built-ins (chords, map/starmap, result cleanup) are
+    # no part of ocrq, and a message naming one is refused as unregistered like any other name
+    for name in [n for n in app.tasks if n.startswith("celery.")]:
+        del app.tasks[name]
     conc = concurrency or settings.queue.concurrency
     app.steps["consumer"].add(make_prefetch_step(lambda: holder.get("ctx"), settings.queue.chunk_size, conc,
                                                  queues=queues or [settings.queue.name]))
@@ -59,6 +64,11 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
                                  max_message_bytes=q.max_message_bytes))
         ctx.feeder.start()
+        ctx.sweeper = ExportSweeper(ExportSweep(
+            ctx.redis, ctx.index, lambda job, tid, queue: send_finish(app, job, tid, queue),
+            interval_s=settings.redis.export_sweep_s, stale_s=settings.redis.export_stale_s,
+            ttl=settings.redis.job_ttl, default_queue=q.name, owner=hostname or socket.gethostname()))
+        ctx.sweeper.start()
         startup.mark("services")
         # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
         # process: out of the collector's reach, a full collection no longer walks it with the GIL

@@ -15,10 +15,11 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ocrq import metrics_server
 from ocrq.errors import Permanent, Retryable
 from ocrq.messages import TASKS
 from ocrq.metrics import queue_depth_family, redis_memory_families, replication_families
@@ -83,6 +84,11 @@ class WorkerMetrics:
                                ["reason"], registry=r)
         self.failures = Counter("ocrq_image_failures", "Images failed for good, by error type.",
                                 ["reason"], registry=r)
+        self.dropped = Counter("ocrq_messages_dropped", "Broker messages (chunk, finish) or chunk items (item) "
+                               "dropped unread: no job name or image id ocrq writes (a message not from its "
+                               "producer).", ["what"], registry=r)
+        for what in ("chunk", "finish", "item"):
+            self.dropped.labels(what)
         self.cache_hits = Counter("ocrq_cache_hits", "Cache lookups that found a result.", registry=r)
         self.cache_misses = Counter("ocrq_cache_misses", "Cache lookups that went to the engine.", registry=r)
         self.batch_size = Histogram("ocrq_batch_size", "Images per engine call.", buckets=_BATCH_SIZES,
@@ -123,6 +129,9 @@ class WorkerMetrics:
         self.batch_size.observe(size)
         self.batch_seconds.observe(seconds)
 
+    def observe_dropped(self, what: str, n: int) -> None:
+        self.dropped.labels(what).inc(n)
+
     def observe_cache(self, hits: int, misses: int) -> None:
         self.cache_hits.inc(hits)
         self.cache_misses.inc(misses)
@@ -141,15 +150,17 @@ class WorkerMetrics:
 
     # ---- serving ------------------------------------------------------------------------------
 
-    def serve(self, addr: str, port: int) -> bool:
-        """Start the HTTP server (a daemon thread). A port already taken is logged, not fatal:
-        the worker's job is OCR, and its state still reaches Redis for ``ocrq metrics``."""
+    def serve(self, addr: str, port: int, credentials: str | None = None) -> bool:
+        """Start the HTTP server (a daemon thread; ``credentials``: basic auth, ocrq.metrics_server).
+        A port already taken is logged, not fatal: the worker's job is OCR, and its state still
+        reaches Redis for ``ocrq metrics``."""
         try:
-            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self._server, _ = metrics_server.start(self.registry, addr, port, credentials)
         except OSError as exc:
             log.warning("metrics server on %s:%d not started: %s", addr, port, exc)
             return False
-        log.info("serving worker metrics on http://%s:%d/metrics", addr, port)
+        log.info("serving worker metrics on http://%s:%d/metrics%s", addr, port,
+                 " (basic auth)" if credentials else "")
         return True
 
     def close(self) -> None:

@@ -71,7 +71,7 @@ def fetch_groups(ctx: WorkerContext, chunk: Chunk) -> int:
 
 def prepare(ctx: WorkerContext, chunk: Chunk, item: Item) -> Prepared:
     """Fetch and hash (and render a PDF); a plain image's decode waits for the cache check."""
-    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client, store=ctx.store)
+    data = fetch(item.ref, ctx.settings.limits, s3_client=ctx.s3_client, store=ctx.store, job=chunk.job)
     sha = sha256_hex(data)
 
     def key(content: str) -> str:

@@ -16,13 +16,25 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
+from celery.worker.request import Request
 
-from ocrq import keys
-from ocrq.errors import OcrqError, TooLarge
+from ocrq import keys, names
+from ocrq.errors import OcrqError, StorageUnavailable
 from ocrq.export import export_job, request_export
-from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK, Chunk, chunk_argsrepr, message_bytes
+from ocrq.messages import (
+    FINISH_JOB_TASK,
+    OCR_CHUNK_TASK,
+    Chunk,
+    ReadChunk,
+    UnreadableMessage,
+    chunk_argsrepr,
+    read_chunk,
+    read_job_name,
+)
+from ocrq.redact import redact_message
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from worker import chunk_steps as steps
 from worker.chunk_report import ChunkReport
@@ -34,7 +46,10 @@ from worker.retry import backoff
 log = logging.getLogger("ocrq.task")
 
 
-def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -> ChunkReport:
+def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None,
+                  refused: dict[str, OcrqError] | None = None) -> ChunkReport:
+    """One attempt at a chunk read from the broker (``refused``: its images the message itself
+    refused, ``ocrq.messages.read_chunk``: recorded failed, never fetched)."""
     tag = f"job={chunk.job} n={len(chunk.items)}"
     running = ctx.index.record([image_record(chunk, it, ImageStatus.running, worker=worker) for it in chunk.items])
     skipped = running.count(False)
@@ -48,18 +63,20 @@ def process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None = None) -
     # while its images are fetched and decoded, an idle engine waits for them rather than run
     # the chunks that came first alone (worker.loop.engine_loop: expecting)
     with ctx.loop.expecting(len(chunk.items)) as intake:
-        report = _process_chunk(ctx, chunk, worker, intake)
+        report = _process_chunk(ctx, chunk, worker, intake, refused or {})
     report.skipped = skipped
     return report
 
 
-def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake: Intake) -> ChunkReport:
+def _process_chunk(ctx: WorkerContext, chunk: Chunk, worker: str | None, intake: Intake,
+                   refused: dict[str, OcrqError]) -> ChunkReport:
     """One attempt at the chunk's images, step by step (worker.chunk_steps), one log line each."""
     t0 = time.monotonic()
     tag = f"job={chunk.job} n={len(chunk.items)}"
 
-    fetched = steps.fetch(ctx, chunk)
-    log.info("→ fetch %s ok=%d bad=%d %.2fs", tag, len(fetched.prepared), len(fetched.errors), time.monotonic() - t0)
+    fetched = steps.fetch(ctx, chunk, refused)
+    log.info("→ fetch %s ok=%d bad=%d refused=%d %.2fs", tag, len(fetched.prepared), len(fetched.errors),
+             len(refused), time.monotonic() - t0)
 
     cache = steps.check_cache(ctx, fetched.prepared)
     log.info("→ cache %s hits=%d misses=%d", tag, cache.n_hits, len(cache.units) - cache.n_hits)
@@ -93,70 +110,138 @@ def _set_countdown(ctx: WorkerContext, report: ChunkReport) -> None:
         report.countdown = backoff(min(i.attempt for i in report.retry) - 1, q.backoff_base, q.backoff_max)
 
 
+class RedactedRequest(Request):
+    """A task request whose arguments, as the worker logs them and its events carry them to
+    Flower, are redacted and cut (ocrq.redact): the publisher wrote that text, and a message from
+    elsewhere than ocrq's producer may hold a URL's password or be megabytes long."""
+
+    @property
+    def argsrepr(self) -> str:
+        return redact_message(str(super().argsrepr or ""), 4000)
+
+    @property
+    def kwargsrepr(self) -> str:
+        return redact_message(str(super().kwargsrepr or ""), 1000)
+
+
 def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
     """Register the chunk task on ``app``; the context is built once per worker process."""
 
     # ignore_result: the outcome is the job's records and documents, and Flower shows each
     # chunk's summary from its task events; a result backend write is a write that a full
     # broker Redis refuses, and the STARTED one (track_started) before the task body runs
-    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None, ignore_result=True)
-    def ocr_chunk(self: Task, message: dict[str, Any]) -> dict[str, Any]:
-        chunk = Chunk.model_validate(message)
+    @app.task(name=OCR_CHUNK_TASK, bind=True, max_retries=None, ignore_result=True, Request=RedactedRequest)
+    def ocr_chunk(self: Task, message: Any) -> dict[str, Any]:
         ctx = get_ctx()
-        size, cap = message_bytes(message), ctx.settings.queue.max_message_bytes
+        read = _read(ctx, message, self.request.id)
+        if read is None or not read.chunk.items:
+            return ChunkReport().summary()
+        chunk = read.chunk
         try:
-            if size > cap:  # not from our producer (it refuses these): fail its images, typed
-                raise TooLarge(f"chunk message of {size} bytes exceeds queue.max_message_bytes ({cap})")
-            report = process_chunk(ctx, chunk, worker=self.request.hostname)
+            report = process_chunk(ctx, chunk, worker=self.request.hostname, refused=read.refused)
         except OcrqError as exc:  # the store or Redis went away mid-chunk: retry every image
             report = _retry_all(ctx, chunk, exc, self.request.hostname)
         if ctx.feeder is not None:  # room in the job's window: the next shard may go out
             ctx.feeder.poke(chunk.job)
         # this chunk may have finished the job (a cancelled one: by skipping): export it once
         if report.done or report.failed or report.skipped or report.retry:
-            queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
             try:
-                request_export(ctx.redis, ctx.index, chunk.job, lambda tid: app.send_task(
-                    FINISH_JOB_TASK, args=[chunk.job], task_id=tid, queue=queue), ctx.settings.redis.job_ttl)
-            except Exception:  # the results stand; `ocrq export JOB` writes the export later
-                log.exception("! could not publish the export of job=%s", chunk.job)
+                _ask_export(app, ctx, chunk.job, self.request)
+            except Exception:  # the results stand; the export sweep asks again (worker.export_sweep)
+                log.exception("! could not publish the export of job=%s (the export sweep asks again)", chunk.job)
         if report.retry:
-            retry_msg = chunk.model_copy(update={"items": report.retry,
-                                                 "outage_since": report.outage_since}).to_message()
-            try:
-                self.retry(args=(retry_msg,), countdown=report.countdown,  # raises Retry
-                           argsrepr=chunk_argsrepr(retry_msg))
-            except Retry:
-                raise
-            except Exception as exc:
-                # could not publish the retry (broker down): give the message back, lose nothing
-                raise Reject(f"retry publish failed: {exc}", requeue=True) from exc
+            _hand_back(self, chunk, report)  # raises Retry
         return report.summary()
 
-    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True)
-    def finish_job(self: Task, job: str, outage_since: float | None = None) -> dict[str, Any]:
+    @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True, Request=RedactedRequest)
+    def finish_job(self: Task, job: Any, outage_since: Any = None) -> dict[str, Any]:
         ctx = get_ctx()
         try:
+            job = read_job_name(job)
+        except UnreadableMessage as exc:
+            return _drop(ctx, "finish", self.request.id, exc)
+        since = outage_since if type(outage_since) in (int, float) else None
+        try:
             marker = export_job(ctx.index, ctx.store, job)
-        except OcrqError as exc:
+            log.info("← export job=%s %s", job, marker)
+            current = not marker.get("exported") or _archive(ctx, job, marker["counts"]["total"])
+        except (OcrqError, redis.RedisError) as exc:
             # the store or Redis away: wait it out as a chunk does (_outage_wait), or the job,
             # finished, would never get its export (no chunk is left to ask for it again)
-            wait = _outage_wait(ctx, exc, outage_since)
+            err = exc if isinstance(exc, OcrqError) else StorageUnavailable(f"Redis: {exc}")
+            wait = _outage_wait(ctx, err, since)
             if wait is not None:
-                since = outage_since if outage_since is not None else time.time()
-                raise self.retry(args=(job,), kwargs={"outage_since": since}, countdown=wait) from exc
-            ctx.redis.delete(keys.job_finishing(job))  # the next finishing chunk or `ocrq export` retries
+                raise self.retry(args=(job,), kwargs={"outage_since": since or time.time()}, countdown=wait) from exc
+            _forget_request(ctx, job)  # the export sweep, a finishing chunk or `ocrq export` asks again
             raise
-        log.info("← export job=%s %s", job, marker)
-        if marker.get("exported") and not _archive(ctx, job, marker["counts"]["total"]):
+        if not current:
             # images came in while it ran (redelivered chunks whose records Redis lost): export again
             ctx.redis.delete(keys.job_finishing(job))
-            queue = (self.request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
-            request_export(ctx.redis, ctx.index, job, lambda tid: app.send_task(
-                FINISH_JOB_TASK, args=[job], task_id=tid, queue=queue), ctx.settings.redis.job_ttl)
+            _ask_export(app, ctx, job, self.request)
         return marker
 
     return ocr_chunk
+
+
+def _hand_back(task: Task, chunk: Chunk, report: ChunkReport) -> None:
+    """Re-publish the chunk's retryable images alone, with their countdown (raises ``Retry``)."""
+    retry_msg = chunk.model_copy(update={"items": report.retry, "outage_since": report.outage_since}).to_message()
+    try:
+        task.retry(args=(retry_msg,), countdown=report.countdown, argsrepr=chunk_argsrepr(retry_msg))
+    except Retry:
+        raise
+    except Exception as exc:
+        # could not publish the retry (broker down): give the message back, lose nothing
+        raise Reject(f"retry publish failed: {exc}", requeue=True) from exc
+
+
+def _ask_export(app: Celery, ctx: WorkerContext, job: str, request: Any) -> bool:
+    """Publish ``job``'s export if it is finished and nobody did (ocrq.export.request_export), to
+    the queue the asking message came from."""
+    queue = (request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
+    return request_export(ctx.redis, ctx.index, job, lambda tid: send_finish(app, job, tid, queue),
+                          ctx.settings.redis.job_ttl)
+
+
+def send_finish(app: Celery, job: str, task_id: str, queue: str) -> None:
+    """Publish ``job``'s finish task to ``queue`` (a queue the fleet consumes, declared already):
+    no declare first, whose SADD and MULTI Redis refuses past maxmemory, while the publish itself
+    runs past it (ocrq.transport)."""
+    app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue, declare=[])
+
+
+def _forget_request(ctx: WorkerContext, job: str) -> None:
+    """An export given up: its request flag goes, so the next sweep asks at once (not once it
+    is ``redis.export_stale_s`` old). Redis may be what is away: then the flag ages out."""
+    try:
+        ctx.redis.delete(keys.job_finishing(job))
+    except redis.RedisError:
+        log.warning("! export of job=%s given up; its request is asked again once stale", job)
+
+
+def _read(ctx: WorkerContext, message: Any, task_id: object) -> ReadChunk | None:
+    """A chunk message read against the producer's grammar (``ocrq.messages.read_chunk``: a
+    message on the broker may come from anyone who can reach Redis); None when nothing in it can
+    be recorded (dropped, counted, logged)."""
+    try:
+        read = read_chunk(message, ctx.settings.queue.max_message_bytes)
+    except UnreadableMessage as exc:
+        _drop(ctx, "chunk", task_id, exc)
+        return None
+    if read.dropped:
+        ctx.metrics.observe_dropped("item", read.dropped)
+        log.warning("! job=%s: %d item(s) dropped: no image id ocrq makes (or the same one twice)",
+                    read.chunk.job, read.dropped)
+    return read
+
+
+def _drop(ctx: WorkerContext, kind: str, task_id: object, why: UnreadableMessage) -> dict[str, Any]:
+    """A message nothing in which can be recorded (its job name is none ocrq writes): counted
+    (``ocrq_messages_dropped``), logged cut and redacted, acked, never acted on."""
+    ctx.metrics.observe_dropped(kind, 1)
+    text = redact_message(str(why), 300)
+    log.warning("! dropped a %s message (task id %s): %s", kind, names.shown(task_id, 60), text)
+    return {"dropped": text}
 
 
 def _archive(ctx: WorkerContext, job: str, exported_total: int) -> bool:

@@ -13,8 +13,9 @@ exit status 1 on any lost, duplicated or untrue record.
     s3      the S3 endpoint refuses connections for 30 s (10 s in --quick), then comes back
     oom     10% of engine batches raise a CUDA-style OOM
     all     kill + redis + s3 + oom at once
-    redis-full  the broker's Redis over its maxmemory (noeviction) for 30 s (10 s in --quick): a new
-            submit is refused (exit 2, naming the setting), the running job goes on and loses nothing
+    redis-full  the broker's Redis over its maxmemory (noeviction) for 60 s (10 s in --quick): a new
+            submit is refused (exit 2, naming the setting), the running job goes on and loses nothing;
+            in the full form the job ends while Redis is full and must get its export and archive then
     decoder 1% of the files (real PNGs) make the decoder abort (SIGABRT) or hang: each fails as
             RetriesExhausted naming DecoderCrashed after its attempts, its chunk-mates are done,
             no worker process dies (worker.decoding.decode isolates decoding in child processes)
@@ -167,11 +168,12 @@ def s3_fault(at_s: float, down_s: float) -> Fault:
     return run
 
 
-def redis_full(at_s: float, hold_s: float) -> tuple[Fault, Special]:
-    """The broker's Redis over its maxmemory (noeviction) from ``at_s`` for ``hold_s``: a filler
-    of another client's, and maxmemory kept 1 MiB under what it holds (every 0.1 s). A new
-    submit must be refused (exit 2, naming the setting), and the running job must go on and lose
-    nothing."""
+def redis_full(at_s: float, hold_s: float, require_end: bool = False) -> tuple[Fault, Special]:
+    """The broker's Redis over its maxmemory (noeviction) from ``at_s`` for ``hold_s`` (however
+    soon the job ends): a filler of another client's, and maxmemory kept 1 MiB under what it holds
+    (every 0.1 s). A new submit must be refused (exit 2, naming the setting), the running job must
+    go on and lose nothing, and a job that ends while Redis is full must get its export and its
+    archive then (``_SUCCESS`` before Redis has room again)."""
     seen: dict[str, Any] = {}
 
     def fault(env: Env, workers: Workers, stop: threading.Event, notes: list[str]) -> None:
@@ -196,15 +198,24 @@ def redis_full(at_s: float, hold_s: float) -> tuple[Fault, Special]:
                                "--job", "chaos-redis-full-late"], env=worker_env(env, {}), capture_output=True,
                               text=True, timeout=120)
         seen["late"] = late
-        stop.wait(hold_s)
+        time.sleep(max(0.0, hold_s - 0.3))  # the whole hold, even once the job has ended
+        counts = r.hgetall(keys.job_counts("chaos-redis-full"))
+        final = sum(int(counts.get(k, 0)) for k in (b"done", b"failed"))
+        seen["ended_full"] = final >= int(counts.get(b"total", 1) or 1)
+        reader = client_for(env)
+        try:
+            seen["exported_full"] = reader.job("chaos-redis-full").export_marker() is not None
+        finally:
+            reader.close()
         held.set()
         holder.join(5)
-        counts = r.hgetall(keys.job_counts("chaos-redis-full"))
-        seen["moved"] = sum(int(counts.get(k, 0)) for k in (b"done", b"failed")) - before
+        seen["moved"] = final - before
         r.config_set("maxmemory", 0)
         r.delete("chaos:filler")
+        ended = ("; the job ended while it was full and was exported " + ("then" if seen["exported_full"] else
+                 "only after")) if seen["ended_full"] else ""
         notes.append(f"broker over its maxmemory ({(used >> 20) - 1} MiB) for {hold_s:.0f} s: a new submit exited"
-                     f" {late.returncode}; {seen['moved']} images finished meanwhile")
+                     f" {late.returncode}; {seen['moved']} images finished meanwhile{ended}")
 
     def check(env: Env, workers: Workers, records: dict[str, Any], notes: list[str]) -> list[str]:
         late = seen.get("late")
@@ -215,6 +226,10 @@ def redis_full(at_s: float, hold_s: float) -> tuple[Fault, Special]:
             problems.append(f"a submit at maxmemory exited {late.returncode}: {late.stderr[-300:]}")
         if not seen.get("moved"):
             problems.append("no image finished while the broker was at its maxmemory")
+        if seen.get("ended_full") and not seen.get("exported_full"):
+            problems.append("the job ended while the broker was at its maxmemory and got no export then")
+        if require_end and not seen.get("ended_full"):
+            problems.append(f"the job did not end within the {hold_s:.0f} s at maxmemory (the hold must cover it)")
         return problems
 
     return fault, Special(check=check)
@@ -365,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
          together(kill_fault(6.0 if args.quick else 20.0), redis_fault((4.0, 15.0)), s3_fault(8.0, down))),
         ("decoder", {"image_latency_s": 0.01}, no_fault),
     ]
-    full_fault, full_special = redis_full(3.0, 10.0 if args.quick else 30.0)
+    # the full form holds Redis full 60 s, over the job's end (it must end then, and be exported)
+    full_fault, full_special = redis_full(3.0, 10.0 if args.quick else 60.0, require_end=not args.quick)
     scenarios.append(("redis-full", {"image_latency_s": 0.02}, full_fault))
     specials = {"decoder": poison_special(),
                 "redis-crash": Special(resubmit_after_s=30.0 if args.quick else 150.0),

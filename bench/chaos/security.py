@@ -13,12 +13,20 @@ every secret in everything a person or a tool can read afterwards.
 4. Size caps: a submission whose params exceed the cap is refused with ``TooLarge`` before
    anything is recorded; an oversized chunk published around the producer fails its images
    with ``TooLarge``.
-5. The grep: the Redis password, the S3 secret key and access key id, and every presigned
-   signature must not appear in the worker and Flower logs, Flower's task API and task page,
-   anything left in Redis (job index, failed registry, Celery results), or the result
-   documents, the job's export and failed-registry mirror in S3. Broker message bodies *in flight* carry the
-   presigned ref (the worker must fetch it; they live in Redis behind the password and TLS);
-   the run reports whether they did, and that Flower shows them redacted.
+5. The hostile inputs of ``bench.chaos.hostile``, one per way a stranger was seen to hurt ocrq:
+   crafted messages published around the producer (a job name out of the store, bad fields, a
+   URL with a password, another job's inline image), refused submits (a URL with a password, a
+   10 MB manifest line), a file holding a password, files over the decode limits (memory, total
+   pixels, CPU), a server that trickles its headers, the IPv6 forms of the metadata address.
+   The broker's Redis runs with CONFIG renamed away for clients: nothing ocrq does needs it.
+6. The grep: the Redis password, the S3 secret key and access key id, every presigned
+   signature, a URL's password and a file's contents must not appear in the worker and Flower
+   logs, Flower's task API and task page, anything left in Redis (job index, failed registry,
+   Celery results), the result documents, the job's export and failed-registry mirror in S3, or
+   the output of the ``ocrq`` commands the scenario runs (submit, status, failed, jobs). Broker
+   message bodies *in flight* carry the presigned ref (the worker must fetch it; they live in
+   Redis behind the password and TLS); the run reports whether they did, and that Flower shows
+   them redacted.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bench.chaos import hostile
 from bench.chaos.stack import Workers
 from bench.chaos.verify import Outcome, queue_lists, verify
 from bench.services import free_port
@@ -84,7 +93,8 @@ def start_tls_redis(folder: Path, password: str) -> tuple[subprocess.Popen[bytes
     proc = subprocess.Popen(
         [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", str(crt),
          "--tls-key-file", str(key), "--tls-ca-cert-file", str(crt), "--tls-auth-clients", "no",
-         "--requirepass", password, "--save", "", "--appendonly", "no", "--dir", str(folder)],
+         "--requirepass", password, "--save", "", "--appendonly", "no", "--dir", str(folder),
+         "--rename-command", "CONFIG", ""],  # nothing ocrq does needs CONFIG: clients get none
         stdout=(folder / "redis.log").open("ab"), stderr=subprocess.STDOUT)
     client = redis.Redis(port=port, password=password, ssl=True, ssl_ca_certs=str(crt))
     for _ in range(200):
@@ -174,7 +184,8 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
     signatures = [u.rpartition("X-Amz-Signature=")[2].partition("&")[0] for u in signed + missing]
     secrets_to_find = {"redis password": [password], "S3 secret key": [secret_key], "S3 access key id": [access_key],
                        "presigned signature": signatures}
-    refs = [str(p) for p in local[10:]] + signed + missing
+    h = hostile.prepare(folder, images, "sec-main")
+    refs = [str(p) for p in local[10:]] + signed + missing + h.refs
     long_ref = str(images / ("x" * 9000))
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OCRQ_REDIS__URL": url, "OCRQ_STORE__KIND": "s3",
@@ -182,7 +193,8 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
            "OCRQ_STORE__ACCESS_KEY_ID": access_key, "OCRQ_STORE__SECRET_ACCESS_KEY": secret_key,
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(images)]), "OCRQ_LIMITS__HTTP_ALLOW_PRIVATE": "true",
            "OCRQ_ENGINE__KIND": "simulated", "OCRQ_BATCH__MODE": "auto", "OCRQ_QUEUE__CHUNK_SIZE": "16",
-           "OCRQ_LOG_LEVEL": "INFO", "OCRQ_METRICS_PORT": "0", "OCRQ_QUEUE__BACKOFF_BASE": "0.2"}
+           "OCRQ_LOG_LEVEL": "INFO", "OCRQ_METRICS_PORT": "0", "OCRQ_QUEUE__BACKOFF_BASE": "0.2",
+           **hostile.WORKER_ENV}
     env.pop("OCRQ_CONFIG", None)
     settings = Settings(redis={"url": url}, limits={"allowed_roots": [images], "http_allow_private": True},
                         store={"kind": "s3", "bucket": "chaos", "endpoint_url": endpoint, "access_key_id": access_key,
@@ -228,6 +240,13 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
         long_id = keys.image_id("sec-long-chunk", long_ref)
         client.app.send_task(OCR_CHUNK_TASK, task_id="sec-long-chunk", args=[{
             "job": "sec-long-chunk", "task": "text", "items": [{"id": long_id, "ref": long_ref}]}])
+        hostile.publish_around_the_producer(h, client.app, client.store, str(local[10]))
+        hostile.submit_refused(h, env)
+        try:
+            r.execute_command("CONFIG", "GET", "maxmemory")
+            problems.append("the broker's Redis answered CONFIG")
+        except redis.ResponseError:
+            notes.append("the broker's Redis has no CONFIG for clients; the run needs none")
         workers.start_all()
         job.wait(timeout=300, poll=0.5)
         time.sleep(3.0)  # last events reach Flower, last acks land
@@ -244,6 +263,11 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
             notes.append("oversized chunk: its 2 images failed TooLarge")
         if marker.exists():
             problems.append("a pickle message was deserialized")
+        hostile.check_fetch_refuses_ipv6_forms(h)
+        listed = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="chaos")
+                  for o in page.get("Contents", [])]
+        hostile.check_outcomes(h, lambda j, i: failed_record(client, j, i), listed)
+        hostile.cli_outputs(h, env, job.name)
         worker_logs = "\n".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
         if "ContentDisallowed" not in worker_logs and "untrusted content" not in worker_logs:
             problems.append("no worker logged refusing the pickle message")
@@ -271,6 +295,10 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
         raw = client.store.get_many(stored, raw=True)
         places["result documents, export and failed mirror in S3"] = "\n".join(
             bytes(v).decode(errors="replace") for v in raw.values())
+        places["ocrq commands' output"] = "\n".join(h.outputs)
+        secrets_to_find.update(h.secrets)
+        problems += h.problems
+        notes += h.notes
         leaks = [f"{what} in {where}" for where, text in places.items() for what, values in secrets_to_find.items()
                  if any(v and v in text for v in values)]
         problems += [f"leak: {x}" for x in leaks]
@@ -279,6 +307,7 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
         outcome.problems += problems
         return outcome, notes
     finally:
+        hostile.close(h)
         workers.stop_all()
         flower.terminate()
         flower.wait(10)

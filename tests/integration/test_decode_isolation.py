@@ -12,10 +12,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from PIL import Image, PngImagePlugin
 
-from ocrq.errors import BadImage, DecoderCrashed
+from ocrq.errors import BadImage, DecoderCrashed, TooLarge
 from ocrq.settings import LimitSettings
 from worker.decoding import memfd_pipe
-from worker.decoding.decode import FAULT_ABORT, FAULT_HANG, FAULT_SLOW, FAULT_SLOW_S, InProcessDecoder, IsolatedDecoder
+from worker.decoding.decode import (
+    FAULT_ABORT,
+    FAULT_HANG,
+    FAULT_SLOW,
+    FAULT_SLOW_S,
+    FAULT_SPIN,
+    InProcessDecoder,
+    IsolatedDecoder,
+)
 from worker.decoding.images import decode
 
 pytestmark = pytest.mark.integration
@@ -190,6 +198,54 @@ def test_a_crash_inside_a_memory_file_batch_costs_only_its_image(limits: LimitSe
         assert isinstance(out[1], DecoderCrashed) and "SIGABRT" in str(out[1])
         for i in (0, 2, 3):
             assert [p.image.tobytes() for p in out[i]] == [p.image.tobytes() for p in decode(batch[i], limits)]  # type: ignore[union-attr]
+        assert dec.crashes == 1
+    finally:
+        dec.close()
+
+
+def _sixteen_bit_png(side: int) -> bytes:
+    """A 16-bit gray PNG of side² pixels: a few hundred KB that decode to 2 bytes per pixel."""
+    img = Image.new("I;16", (side, side))
+    out = io.BytesIO()
+    img.save(out, "PNG", compress_level=9)
+    return out.getvalue()
+
+
+def test_an_image_over_the_memory_limit_fails_too_large_and_its_child_is_replaced() -> None:
+    """RLIMIT_AS of the child (limits.decode_memory_bytes): the allocation fails, the child answers
+    TooLarge and leaves; the batch's next image is decoded by a fresh child."""
+    dec = IsolatedDecoder(LimitSettings(decode_processes=1, decode_memory_bytes=160 << 20, decode_cpu_s=0))
+    try:
+        pid = dec._children[0].proc.pid
+        big = _sixteen_bit_png(9000)  # 81 MP: 162 MB decoded as 16-bit, before anything else
+        outcomes = dec.decode_many([png(1), big, png(2)])
+        assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list)
+        assert isinstance(outcomes[1], TooLarge) and "decode_memory_bytes" in str(outcomes[1])
+        assert dec.retired == 1 and dec.crashes == 0 and dec._children[0].proc.pid != pid
+        assert isinstance(dec.decode(png(3)), list)
+    finally:
+        dec.close()
+    # the same file without the limit decodes (the limit, not the file, refused it)
+    free = IsolatedDecoder(LimitSettings(decode_processes=1, decode_memory_bytes=0))
+    try:
+        assert len(free.decode(big)) == 1
+    finally:
+        free.close()
+
+
+def test_an_image_over_the_cpu_limit_fails_too_large_and_its_child_is_replaced() -> None:
+    """RLIMIT_CPU of the child, moved on before each image (limits.decode_cpu_s): a decoder burning
+    CPU is killed by SIGXCPU long before decode_timeout_s, permanent TooLarge."""
+    dec = IsolatedDecoder(LimitSettings(decode_processes=1, decode_cpu_s=0.5, decode_timeout_s=30,
+                                        decode_fault_markers=True))
+    try:
+        for _ in range(3):  # the limit is per image: earlier images' CPU does not count
+            dec.decode(png(4))
+        started = time.monotonic()
+        outcomes = dec.decode_many([png(5), png(6, FAULT_SPIN), png(7)])
+        assert time.monotonic() - started < 10
+        assert isinstance(outcomes[1], TooLarge) and "decode_cpu_s" in str(outcomes[1])
+        assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list)
         assert dec.crashes == 1
     finally:
         dec.close()

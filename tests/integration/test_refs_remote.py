@@ -110,6 +110,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _trickle(self, headers: bool) -> None:
+        """One byte every 0.3 s: of the status line and headers, or of a body without a length."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nConnection: close\r\n"
+        if headers:
+            chunks = [head[i:i + 1] for i in range(len(head))] + [b"\r\n", PAYLOAD]
+        else:
+            chunks = [head + b"\r\n"] + [PAYLOAD[i:i + 1] for i in range(len(PAYLOAD))]
+        for chunk in chunks:
+            self.wfile.write(chunk)
+            time.sleep(0.3)
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = self.path
         if path == "/img.png":
@@ -132,6 +143,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/slow":
             time.sleep(1.5)
             self._send(200, PAYLOAD)
+        elif path.startswith("/trickle/"):
+            self._trickle(headers=path.endswith("/headers"))
+        elif path == "/short":  # promises 100 bytes, sends 10, closes
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"x" * 10)
+            self.close_connection = True
         elif path == "/drip":  # every read is quick, the whole response is not
             self.send_response(200)
             self.send_header("Content-Length", "40")
@@ -209,6 +228,22 @@ def test_http_timeouts_are_retryable(http_base: str) -> None:
     with pytest.raises(StorageUnavailable):
         fetch(f"{http_base}/drip", quick)
     assert time.monotonic() - started < 1.5  # the total deadline, not 40 quick reads
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_one_deadline_bounds_a_whole_fetch_against_a_server_that_trickles(http_base: str, part: str) -> None:
+    """A real server sending one byte every 0.3 s, well inside each socket timeout: the fetch
+    ends at http_timeout (1 s), retryable, and never returns the bytes it had as an image."""
+    limits = LimitSettings(http_timeout=1.0, http_allow_private=True)
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable, match="within http_timeout"):
+        fetch(f"{http_base}/trickle/{part}", limits)
+    assert time.monotonic() - started < 1.8
+
+
+def test_a_body_shorter_than_its_content_length_is_not_an_image(http_base: str) -> None:
+    with pytest.raises(StorageUnavailable, match="short of its Content-Length"):
+        fetch(f"{http_base}/short", LIMITS)
 
 
 def test_http_connection_refused_is_retryable() -> None:

@@ -61,17 +61,54 @@ def test_compose_environment_names_real_settings() -> None:
 
 # --- docker-compose.yml, validated for real (no Docker engine here) ---------------------------
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+_VAR = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+#: the secrets compose must be given (each `${VAR:?message}`: no default)
+SECRETS = {"REDIS_PASSWORD": "r-pw", "MINIO_ROOT_PASSWORD": "m-pw-0123", "FLOWER_BASIC_AUTH": "ops:f-pw",
+           "GRAFANA_PASSWORD": "g-pw"}
 
 
-def _interpolate(text: str) -> str:
-    """Compose's variable substitution with every variable unset: ${X:-default} → default,
-    ${X} → "", $$ → $ (what `docker compose config` does before validating)."""
-    return _VAR.sub(lambda m: m.group(2) or "", text).replace("$$", "$")
+class MissingVariable(ValueError):
+    pass
+
+
+def _interpolate(text: str, env: dict[str, str] | None = None) -> str:
+    """Compose's variable substitution (what `docker compose config` does before validating):
+    ${X:-default} → X or the default, ${X} → X or "", ${X:?message} → X, or an error naming it
+    when it is unset or empty (compose refuses to start), $$ → $. ``env``: the variables set
+    (the secrets, by default)."""
+    values = SECRETS if env is None else env
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2) or "", m.group(3) or ""
+        value = values.get(name, "")
+        if op.endswith("?"):
+            if not value:
+                raise MissingVariable(f"required variable {name} is missing a value: {arg}")
+            return value
+        return value or arg
+
+    previous = None
+    while previous != text:  # nested defaults: ${A:-x${B:?y}z}
+        previous, text = text, _VAR.sub(one, text)
+    return text.replace("$$", "$")
 
 
 def _compose() -> dict:
     return yaml.safe_load(_interpolate((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_compose_refuses_to_start_without_its_secrets() -> None:
+    """No password has a default: each secret is `${VAR:?message}`, so compose stops with the
+    message when one is unset, and nothing falls back to `change-me`."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "change-me" not in text
+    for name in SECRETS:
+        assert f"${{{name}:?" in text and f"${{{name}:-" not in text, name
+        with pytest.raises(MissingVariable, match=name):
+            _interpolate(text, {k: v for k, v in SECRETS.items() if k != name})
+    # published ports are loopback unless PUBLISH_ADDR says otherwise
+    for svc in _compose()["services"].values():
+        assert all(str(port).startswith("127.0.0.1:") for port in svc.get("ports", [])), svc.get("ports")
 
 
 def _environment(svc: dict) -> dict[str, str]:

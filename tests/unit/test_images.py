@@ -214,3 +214,28 @@ def test_pillow_format_outside_allowlist_unsupported() -> None:
 
 def test_sha256_hex() -> None:
     assert sha256_hex(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_frames_over_the_document_pixel_cap_are_refused() -> None:
+    """A multi-frame image's frames count together (limits.max_document_pixels), from their
+    headers: 24 frames of a few pixels each stop at the cap, not after decoding them all."""
+    frames = [Image.new("L", (1000, 1000), i * 10) for i in range(24)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "TIFF", save_all=True, append_images=frames[1:], compression="tiff_deflate")
+    with pytest.raises(TooLarge, match=r"4 frames of TIFF hold 4,000,000 pixels together: more than "
+                                       r"limits.max_document_pixels"):
+        decode(buf.getvalue(), LimitSettings(max_document_pixels=3_500_000))
+    assert len(decode(buf.getvalue(), LimitSettings(max_document_pixels=24_000_000))) == 24
+
+
+def test_sixteen_bit_bands_give_the_pixels_the_whole_image_gives() -> None:
+    """16-bit → 8-bit is done a band of rows at a time (memory), with the same arithmetic as the
+    whole image at once: every value 0..65535, across band edges."""
+    from worker.decoding.images import _sixteen_to_l, _stretch
+
+    rng = random.Random(3)
+    width, height = 2003, 2500  # bands of 2,094 rows: one edge inside the image
+    data = b"".join(struct.pack("<H", v) for v in range(65536))
+    data += bytes(rng.getrandbits(8) for _ in range(width * height * 2 - len(data)))
+    img = Image.frombytes("I;16", (width, height), data)
+    assert _sixteen_to_l(img).tobytes() == _stretch(img.convert("I"), 0.0, 65535.0).tobytes()

@@ -37,7 +37,7 @@ def built_store_paths() -> set[str]:
              keys.refs_shard("{}", "{}", 0).replace("000000", "{}")}
     paths |= {keys.export_object("{}", n) for n in (keys.EXPORT_JSONL, keys.EXPORT_PARQUET, keys.EXPORT_SUCCESS)}
     paths |= {keys.openai_export_object("{}", n) for n in (keys.OPENAI_OUTPUT, keys.OPENAI_ERRORS, keys.EXPORT_SUCCESS)}
-    paths |= {keys.inline_input("{}"), keys.openai_rejected("{}", "{}"), keys.uploaded_file("{}", "{}")}
+    paths |= {keys.inline_input("{}", "{}"), keys.openai_rejected("{}", "{}"), keys.uploaded_file("{}", "{}")}
     return {_norm(p) for p in paths}
 
 

@@ -110,25 +110,38 @@ def test_a_data_uri_is_capped_before_it_is_decoded(monkeypatch):
 
 def test_an_inline_image_is_written_once_and_read_back_through_its_store_ref(tmp_path):
     store = SqliteStore(tmp_path / "store")
-    inline = InlineImages(store, max_bytes=1000)
+    inline = InlineImages(store, max_bytes=1000, job="acme~invoices")
     ref = inline.ref(PNG)
     digest = ref.rsplit("/", 1)[1]
-    assert store.get_many([keys.inline_input(digest)]) == {}  # written in groups: flush first
+    assert store.get_many([keys.inline_input("acme~invoices", digest)]) == {}  # written in groups: flush first
     inline.flush()
-    assert ref == f"store:{keys.inline_input(digest)}" and inline.ref(PNG) == ref
+    assert ref == f"store:{keys.inline_input('acme~invoices', digest)}" and inline.ref(PNG) == ref
     limits = LimitSettings()
     assert "store" in limits.allowed_schemes
-    assert fetch(ref, limits, store=store) == base64.b64decode(PNG.split(",", 1)[1])
+    assert fetch(ref, limits, store=store, job="acme~invoices") == base64.b64decode(PNG.split(",", 1)[1])
     with pytest.raises(TooLarge):
-        fetch(ref, LimitSettings(max_bytes=8), store=store)
+        fetch(ref, LimitSettings(max_bytes=8), store=store, job="acme~invoices")
     with pytest.raises(MissingObject):
-        fetch("store:inputs/" + "0" * 64, limits, store=store)
+        fetch("store:inputs/j/" + "0" * 64, limits, store=store, job="j")
     # a store: ref names an inline input and nothing else of the store
-    for bad in ("store:results/j/index.json", "store:inputs/../cache/x", "store:inputs/ABC"):
+    for bad in ("store:results/j/index.json", "store:inputs/../cache/x", "store:inputs/ABC",
+                "store:inputs/" + "0" * 64, "store:inputs/../../x/" + "0" * 64, "store:inputs/j/../k/" + "0" * 64):
         with pytest.raises(RefusedRef):
             parse(bad, limits)
     with pytest.raises(RefusedRef, match="not allowed"):
         parse(ref, LimitSettings(allowed_schemes=["file"]))
+
+
+def test_an_inline_image_is_readable_only_by_the_job_that_wrote_it(tmp_path):
+    """Another job (another tenant's) that names the ref, knowing the hash, is refused: the image
+    is never read for it."""
+    store = SqliteStore(tmp_path / "store")
+    inline = InlineImages(store, max_bytes=1000, job="acme~invoices")
+    ref = inline.ref(PNG)
+    inline.flush()
+    for other in ("rival~invoices", "invoices", "acme~other", None):
+        with pytest.raises(RefusedRef, match="another job"):
+            fetch(ref, LimitSettings(), store=store, job=other)
 
 
 def test_each_image_carries_its_own_task_through_its_shard_and_message(tmp_path):

@@ -84,3 +84,24 @@ def test_worker_metrics_names_and_labels() -> None:
                  "ocrq_governor_budget_bytes 100.0", 'ocrq_gpu_memory_used_bytes{device="none"} 0.0',
                  'ocrq_gpu_memory_total_bytes{device="none"} 0.0'):
         assert line in text, line
+
+
+def test_a_generated_redis_password_is_private_and_found_only_for_its_server(tmp_path: Path) -> None:
+    from ocrq.embedded_redis import with_password, write_conf
+
+    var = tmp_path / "var"
+    url = with_password(var, "redis://127.0.0.1:6390/0")
+    assert url.startswith("redis://:") and url.endswith("@127.0.0.1:6390/0")
+    assert stat.S_IMODE((var / "redis-auth").stat().st_mode) == 0o600
+    assert with_password(var, "redis://:given@127.0.0.1:6391/0") == "redis://:given@127.0.0.1:6391/0"
+    # settings naming that server without a password take it; another server, or a URL with its
+    # own password, is left alone
+    assert Settings(var_dir=var, redis={"url": "redis://127.0.0.1:6390/0"}).redis.url == url
+    assert Settings(var_dir=var, redis={"url": "redis://127.0.0.1:6390/1"}).redis.url == "redis://127.0.0.1:6390/1"
+    assert Settings(var_dir=var, redis={"url": "redis://:x@127.0.0.1:6390/0"}).redis.url == "redis://:x@127.0.0.1:6390/0"
+    assert Settings(var_dir=tmp_path / "elsewhere").redis.url == "redis://127.0.0.1:6379/0"
+    conf = write_conf(tmp_path, url, Settings().redis, cache=False)
+    text = conf.read_text()
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert "bind 127.0.0.1" in text and "rename-command CONFIG CONFIG-" in text
+    assert "maxmemory-policy noeviction" in text

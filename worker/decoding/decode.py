@@ -14,23 +14,31 @@ a chunk's cache misses: one message each way, not one per image), and for each i
   unpickling a 2048×1536 page held the worker's GIL 7-13 ms, time the engine thread waited;
 - the child dies (segfault, abort, the OOM killer) on it: the image gets ``DecoderCrashed``;
 - the child spends ``limits.decode_timeout_s`` on it: it is SIGKILLed and the image gets
-  ``DecoderCrashed`` too.
+  ``DecoderCrashed`` too;
+- the image needs more than the child's limits: ``limits.decode_memory_bytes`` of address space
+  (RLIMIT_AS, set once per child: the allocation fails, the child answers ``TooLarge`` and
+  leaves, since a heap that ran out is not trusted with the next image) or
+  ``limits.decode_cpu_s`` of CPU (RLIMIT_CPU, moved on before each image: the kernel kills the
+  child with SIGXCPU). Either way the image fails ``TooLarge`` (permanent: the same bytes need
+  the same again) and a fresh child takes the old one's place. A decoder library that aborts
+  when an allocation fails (rather than reporting it) ends as a crash: ``DecoderCrashed``.
 
-The child records which image it is on (and since when) in memory shared with the worker, so a
+What runs in a child (its limits, its loop, its answers) is ``worker.decoding.child``. The child
+records which image it is on (and since when) in memory shared with the worker, so a
 crash costs exactly that image: the batch's images it had not answered yet are decoded again by
 a fresh child. A dead or killed child is replaced at once; other images, decoding in other
 children, are not touched. ``DecoderCrashed`` is retryable (the machine may have been short of memory); an image
 that crashes its decoder on every attempt ends as ``RetriesExhausted`` naming it.
 
-``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort or hang on
-bytes that contain ``FAULT_ABORT`` / ``FAULT_HANG``: how the chaos suite (bench/chaos) makes a
-real decoder crash on certain files. ``FAULT_SLOW`` makes it take ``FAULT_SLOW_S`` on a file (a
-slow decoder that still finishes), so a test's timing does not depend on how fast the machine is.
+``limits.decode_fault_markers`` (tests only, off by default) makes the decoder abort, hang or
+burn CPU on bytes that contain ``FAULT_ABORT`` / ``FAULT_HANG`` / ``FAULT_SPIN``: how the chaos
+suite (bench/chaos) makes a real decoder crash on certain files. ``FAULT_SLOW`` makes it take
+``FAULT_SLOW_S`` on a file (a slow decoder that still finishes), so a test's timing does not
+depend on how fast the machine is.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -39,34 +47,29 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from PIL import Image
-
-from ocrq.errors import DecoderCrashed, OcrqError, error_from_dict
+from ocrq.errors import DecoderCrashed, OcrqError, TooLarge
 from ocrq.settings import LimitSettings
 from worker.decoding import memfd_pipe
+from worker.decoding.child import (  # noqa: F401 - the fault markers: tests and the chaos suite import them here
+    FAULT_ABORT,
+    FAULT_HANG,
+    FAULT_SLOW,
+    FAULT_SLOW_S,
+    FAULT_SPIN,
+    Outcome,
+    _faults,
+    _receive,
+    _serve,
+)
 from worker.decoding.images import decode
 from worker.decoding.page import Page
 
 log = logging.getLogger("ocrq.decode")
 
-#: test-only markers honoured when ``limits.decode_fault_markers`` is on
-FAULT_ABORT = b"OCRQ-TEST-DECODER-ABORT"
-FAULT_HANG = b"OCRQ-TEST-DECODER-HANG"
-FAULT_SLOW = b"OCRQ-TEST-DECODER-SLOW"
-#: seconds a ``FAULT_SLOW`` file takes before it decodes
-FAULT_SLOW_S = 0.1
-
-
-#: what decoding one image gives: its pages, or the typed error it failed with
-Outcome = list[Page] | Exception
 #: images sent to a child in one message: at most this many bytes of them (at least one image)
 _BATCH_BYTES = 8 << 20
-#: a child sends what it decoded so far once its pages hold this many pixel bytes, so a batch of
-#: large pages is never one huge reply
-_REPLY_BYTES = 32 << 20
 
 
 class Decoder(Protocol):
@@ -80,18 +83,6 @@ class Decoder(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def _faults(data: bytes, limits: LimitSettings) -> None:
-    if not limits.decode_fault_markers:
-        return
-    if FAULT_ABORT in data:
-        os.abort()  # SIGABRT: what a failed assertion in a C decoder does
-    if FAULT_HANG in data:
-        while True:  # a decoder spinning forever on a crafted file
-            time.sleep(3600)
-    if FAULT_SLOW in data:
-        time.sleep(FAULT_SLOW_S)
 
 
 class InProcessDecoder:
@@ -117,78 +108,6 @@ class InProcessDecoder:
 
     def close(self) -> None:
         pass
-
-
-def _decode_reply(data: bytes, limits: LimitSettings) -> tuple[str, Any]:
-    try:
-        _faults(data, limits)
-        return ("ok", decode(data, limits))
-    except OcrqError as exc:
-        return ("err", exc.to_dict())
-    except Exception as exc:  # decode() types Pillow's errors; MemoryError and bugs land here
-        return ("err", DecoderCrashed(f"decoder raised {type(exc).__name__}: {exc}").to_dict())
-
-
-def _serve(conn: Connection, limits: LimitSettings, progress: Any) -> None:
-    """A child's loop: a batch of images in, their pages (or typed errors) out, until the pipe
-    closes. Before each image it writes (index, start time) to ``progress``, shared with the
-    parent: if it dies or hangs, the parent knows which image it was on."""
-    # the worker's warm shutdown (SIGTERM/SIGINT to its process group) must not kill a decode
-    # in flight; the child leaves when the worker closes the pipe or dies (EOF)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        try:
-            with memfd_pipe.receive(conn) as (_, views):
-                batch = [bytes(view) for view in views]
-        except (EOFError, OSError):
-            return
-        replies: list[tuple[str, Any]] = []
-        held = 0
-        for i, data in enumerate(batch):
-            progress[1] = time.monotonic()  # start first: the parent reads index, then start
-            progress[0] = i
-            reply = _decode_reply(data, limits)
-            replies.append(reply)
-            if reply[0] == "ok":
-                held += sum(3 * pg.width * pg.height for pg in reply[1])
-            if held >= _REPLY_BYTES and i + 1 < len(batch):
-                _ship(conn, replies, held)
-                replies, held = [], 0
-        _ship(conn, replies, held)
-
-
-#: a page as a child sends it: its fields but the image, the image's mode and size; its pixels
-#: are the message's blob of the same index (``worker.decoding.memfd_pipe``)
-_Shipped = tuple[dict[str, Any], str, tuple[int, int], int]
-_PAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Page) if f.name != "image")
-
-
-def _ship(conn: Connection, replies: list[tuple[str, Any]], pixel_bytes: int) -> None:
-    """Send a reply: errors as they are, each page as its fields, its pixels as a blob; pages of
-    few pixels in all go pickled whole, which costs the worker less for small images."""
-    if pixel_bytes < memfd_pipe.INLINE_BYTES:
-        memfd_pipe.send(conn, replies, [])
-        return
-    shipped: list[tuple[str, Any]] = []
-    blobs: list[bytes] = []
-    for status, payload in replies:
-        if status != "ok":
-            shipped.append((status, payload))
-            continue
-        pages: list[_Shipped] = []
-        for pg in payload:
-            pages.append(({k: getattr(pg, k) for k in _PAGE_FIELDS}, pg.image.mode, pg.image.size, len(blobs)))
-            blobs.append(pg.image.tobytes())
-        shipped.append(("pages", pages))
-    memfd_pipe.send(conn, shipped, blobs)
-
-
-def _receive(conn: Connection) -> list[Outcome]:
-    """One reply from a child (``_ship``): each page rebuilt from its pixels (Pillow unpacks them
-    without the GIL)."""
-    with memfd_pipe.receive(conn) as (shipped, pixels):
-        return [_outcome(reply, pixels) for reply in shipped]
 
 
 class _Child:
@@ -233,6 +152,8 @@ class IsolatedDecoder:
         self._closed = False
         #: children that died or hung and were replaced
         self.crashes = 0
+        #: children that left after hitting their memory limit, and were replaced
+        self.retired = 0
         for _ in range(self.parallelism):
             self._idle.put(self._spawn())
 
@@ -242,11 +163,14 @@ class IsolatedDecoder:
             self._children.append(child)
         return child
 
-    def _replace(self, child: _Child) -> None:
+    def _replace(self, child: _Child, crashed: bool = True) -> None:
         child.kill()
         with self._lock:
             self._children.remove(child)
-            self.crashes += 1
+            if crashed:
+                self.crashes += 1
+            else:
+                self.retired += 1
             closed = self._closed
         if not closed:
             self._idle.put(self._spawn())
@@ -277,13 +201,14 @@ class IsolatedDecoder:
         while pending:
             got, culprit, error = self._exchange([datas[i] for i in pending])
             outcomes.update(zip(pending, got, strict=False))
-            if culprit is None or error is None:
-                break
+            if culprit is None or error is None:  # all answered, or the child left after len(got)
+                pending = pending[len(got):]
+                continue
             outcomes[pending[culprit]] = error
             pending = [i for k, i in enumerate(pending[len(got):], len(got)) if k != culprit]
         return [outcomes[i] for i in range(len(datas))]
 
-    def _exchange(self, batch: list[bytes]) -> tuple[list[Outcome], int | None, DecoderCrashed | None]:
+    def _exchange(self, batch: list[bytes]) -> tuple[list[Outcome], int | None, OcrqError | None]:
         """Send ``batch`` to one child; the outcomes it answered (a prefix of the batch), and when
         it died or hung: the index of the image it was on, and that image's error."""
         child = self._idle.get()
@@ -297,12 +222,19 @@ class IsolatedDecoder:
                     self._replace(child)
                     return got, culprit, DecoderCrashed(
                         f"decoder hung on this image: no answer within {self.timeout_s:g}s, killed")
-                got += _receive(child.conn)
+                answered, leaving = _receive(child.conn)
+                got += answered
+                if leaving:  # its memory limit was hit: a fresh child for the rest of the batch
+                    self._replace(child, crashed=False)
+                    return got, None, None
         except (EOFError, OSError):
             culprit = self._culprit(child, len(got), len(batch))
             child.proc.join(5)
             code = child.proc.exitcode
             self._replace(child)
+            if code == -signal.SIGXCPU:
+                return got, culprit, TooLarge(f"decoding took more than limits.decode_cpu_s"
+                                              f" ({self.limits.decode_cpu_s:g} s of CPU): stopped")
             return got, culprit, DecoderCrashed(f"decoder process died on this image ({_describe(code)})")
         except BaseException:
             self._replace(child)  # interrupted mid-exchange: the pipe's state is unknown
@@ -335,17 +267,6 @@ class IsolatedDecoder:
             child.proc.join(2)
             if child.proc.is_alive():
                 child.proc.kill()
-
-
-def _outcome(reply: tuple[str, Any], pixels: list[memoryview]) -> Outcome:
-    status, payload = reply
-    if status == "ok":
-        pages: list[Page] = payload
-        return pages
-    if status == "pages":
-        shipped: list[_Shipped] = payload
-        return [Page(image=Image.frombytes(mode, wh, pixels[i]), **fields) for fields, mode, wh, i in shipped]
-    return error_from_dict(payload)
 
 
 def _describe(exitcode: int | None) -> str:

@@ -11,6 +11,11 @@ Errors: bytes that are not an image (or are truncated) -> ``BadImage``; a contai
 accept (PostScript/EPS, SVG/XML, HEIC, or a Pillow format outside ``ACCEPTED_FORMATS``) ->
 ``UnsupportedFormat``; a frame above ``bomb_pixels`` -> ``TooLarge`` (checked from the header,
 before any pixel is decoded).
+
+An error describes the content (its size, the format its first bytes name, ``describe``) and
+never quotes it: a file a worker may read can hold a password (the stack's own ``flower-auth``
+among them), and an error travels to records, logs, Flower and the export. Pillow's own messages
+are kept only without what they quote (``_without_quotes``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import re
 import threading
 
 from PIL import Image, ImageOps
@@ -61,9 +67,14 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
                 raise UnsupportedFormat(f"{fmt} images are not accepted")
             frames = 1 if fmt in _SINGLE_FRAME else max(1, int(getattr(img, "n_frames", 1)))
             pages = []
+            total = 0
             for index in range(min(frames, max(1, limits.max_pages))):
                 if index:
                     img.seek(index)
+                total += img.size[0] * img.size[1]  # (from the frame's header: nothing decoded yet)
+                if total > limits.max_document_pixels:
+                    raise TooLarge(f"{index + 1} frames of {fmt} hold {total:,} pixels together: more than"
+                                   f" limits.max_document_pixels ({limits.max_document_pixels:,})")
                 pages.append(_page(img, index, frames, limits))
             return pages
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -71,9 +82,51 @@ def decode(data: bytes, limits: LimitSettings) -> list[Page]:
     except (OcrqError, MemoryError):
         raise
     except Image.UnidentifiedImageError as exc:  # no accepted format's signature: text, archives...
-        raise BadImage(f"not an image or a PDF: no known format in its first bytes {data[:16]!r}") from exc
+        what = describe(data)
+        raise BadImage(f"not an image or a PDF: {what}" if what.endswith("no image format") else
+                       f"cannot read {what}: its header is truncated or corrupt") from exc
     except Exception as exc:  # Pillow raises many types on corrupt input; all mean "not an image"
-        raise BadImage(f"cannot decode image: {type(exc).__name__}: {exc}") from exc
+        raise BadImage(f"cannot decode {describe(data)}: {type(exc).__name__}: {_without_quotes(exc)}") from exc
+
+
+#: what the first bytes of a file say it is (a description, never the bytes)
+_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"), (b"BM", "a BMP image"), (b"%PDF-", "a PDF"),
+    (b"\x00\x00\x00\x0cjP  ", "a JPEG 2000 image"), (b"\xff\x4f\xff\x51", "a JPEG 2000 codestream"),
+    (b"qoif", "a QOI image"), (b"PK\x03\x04", "a ZIP archive"), (b"\x1f\x8b", "a gzip file"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"), (b"Rar!", "a RAR archive"), (b"\x7fELF", "an ELF executable"),
+)
+
+
+def describe(data: bytes) -> str:
+    """What the bytes are, as an error may say it: their size and the format their first bytes
+    name (for an image format: "a PNG image of N bytes", truncated or corrupt since it failed),
+    or "text" / "binary data" — never any of the bytes themselves."""
+    size = f"{len(data):,} bytes"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return f"a WebP image of {size}"
+    for magic, name in _SIGNATURES:
+        if data.startswith(magic):
+            return f"{name} of {size}"
+    head = data[:4096]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a multi-byte character cut at the 4 KiB mark is still text
+        text = head[:exc.start].decode("utf-8") if exc.start > len(head) - 4 else ""
+    if text and all(c.isprintable() or c in "\t\r\n\f" for c in text):
+        kind = "HTML" if text.lstrip().lower().startswith(("<!doctype html", "<html")) else (
+            "JSON" if text.lstrip()[:1] in ("{", "[") else "text")
+        return f"{kind} of {size}, no image format"
+    return f"binary data of {size}, no image format"
+
+
+_QUOTED = re.compile(r"""b?(['"])(?:\\.|(?!\1).)*\1""")
+
+
+def _without_quotes(exc: Exception) -> str:
+    """Pillow's message without what it quotes (a TIFF header's bytes, a chunk name ...), cut."""
+    return _QUOTED.sub("…", str(exc))[:200]
 
 
 def _refuse_known_unsupported(data: bytes) -> None:
@@ -101,16 +154,20 @@ def _page(img: Image.Image, index: int, frames: int, limits: LimitSettings) -> P
     width, height = img.size
     if width * height > limits.bomb_pixels:
         raise TooLarge(f"{width}x{height} pixels exceeds the {limits.bomb_pixels} pixel bomb guard")
-    swap = img.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8)
+    orientation = img.getexif().get(_ORIENTATION, 1)
+    swap = orientation in (5, 6, 7, 8)
     original = (height, width) if swap else (width, height)
     if img.format == "JPEG" or img.format == "MPO":
         # Let libjpeg decode at 1/2..1/8 scale when we will downscale anyway (less memory/time).
         ratio = math.sqrt(limits.max_pixels / (width * height))
         if ratio < 1:
             img.draft(img.mode, (max(1, math.ceil(width * ratio)), max(1, math.ceil(height * ratio))))
-    upright = ImageOps.exif_transpose(img)
+    # exif_transpose copies an image it leaves as it is: a 169 MP 16-bit scan's 338 MB
+    upright = img if orientation in (None, 1) else ImageOps.exif_transpose(img)
     assert upright is not None  # not in_place: always an image
-    rgb = _downscale(_to_rgb(upright), limits.max_pixels)
+    rgb = _to_rgb(upright, limits.max_pixels)
+    if rgb is img:  # (a small RGB image, as it is): the page must outlive the file's image
+        rgb = rgb.copy()
     return Page(
         image=rgb, index=index, width=rgb.width, height=rgb.height,
         original_width=original[0], original_height=original[1],
@@ -118,18 +175,36 @@ def _page(img: Image.Image, index: int, frames: int, limits: LimitSettings) -> P
     )
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
+def _to_rgb(image: Image.Image, max_pixels: int) -> Image.Image:
+    """The image as RGB within ``max_pixels``. A gray one (L, or 16-bit scaled to L) is downscaled
+    before it becomes RGB, and an RGB one is not copied first: the same pixels (each band
+    resamples alike) at a third of the memory; other modes are converted, then downscaled."""
     mode = image.mode
     if mode in _SIXTEEN_BIT:
-        image = _stretch(image.convert("I"), 0.0, 65535.0)
+        image = _sixteen_to_l(image)
     elif mode in ("I", "F"):
         image = _high_depth_to_l(image)
     has_alpha = image.mode in _ALPHA_MODES or "transparency" in image.info
     if has_alpha:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
+        return _downscale(Image.alpha_composite(white, rgba).convert("RGB"), max_pixels)
+    if image.mode == "L":
+        return _downscale(image, max_pixels).convert("RGB")
+    return _downscale(image if image.mode == "RGB" else image.convert("RGB"), max_pixels)
+
+
+def _sixteen_to_l(image: Image.Image) -> Image.Image:
+    """A 16-bit image as L, scaled (not clipped): ``_stretch(image.convert("I"), 0, 65535)`` a
+    band of rows at a time (the same pixels), so the 32-bit copy is one band's, not the whole
+    image's: a 169 MP scan's two copies were 1.4 GB of its 2.1 GB peak."""
+    width, height = image.size
+    out = Image.new("L", image.size)
+    rows = max(1, (1 << 22) // max(1, width))  # ~4 M pixels a band
+    for top in range(0, height, rows):
+        band = image.crop((0, top, width, min(height, top + rows)))
+        out.paste(_stretch(band.convert("I"), 0.0, 65535.0), (0, top))
+    return out
 
 
 def _high_depth_to_l(image: Image.Image) -> Image.Image:

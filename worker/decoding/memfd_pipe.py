@@ -32,18 +32,24 @@ Blob = bytes | bytearray | memoryview
 INLINE_BYTES = 1 << 20
 
 
-def send(conn: Connection, meta: Any, blobs: Sequence[Blob]) -> None:
-    """Send ``meta`` with ``blobs`` (pickled alongside when small, else in a memory file)."""
-    sizes = [len(blob) for blob in blobs]
-    if sum(sizes) < INLINE_BYTES or not hasattr(os, "memfd_create"):  # memfd is Linux's; pickle elsewhere
-        conn.send((meta, sizes, [bytes(blob) for blob in blobs]))
-        return
+def send(conn: Connection, meta: Any, blobs: Sequence[Blob] | Iterator[Blob]) -> None:
+    """Send ``meta`` with ``blobs`` (pickled alongside when small, else in a memory file). An
+    iterator of blobs always goes in a memory file, each written as it comes (the sender need
+    not hold them all at once: a child's pages, made bytes one at a time)."""
+    if not isinstance(blobs, Iterator) or not hasattr(os, "memfd_create"):
+        blobs = list(blobs)
+        if sum(len(blob) for blob in blobs) < INLINE_BYTES or not hasattr(os, "memfd_create"):
+            conn.send((meta, [len(blob) for blob in blobs], [bytes(blob) for blob in blobs]))  # memfd is Linux's
+            return
+    sizes: list[int] = []
     fd = os.memfd_create("ocrq-blobs", os.MFD_CLOEXEC)
     try:
         for blob in blobs:
             view = memoryview(blob).cast("B")
+            sizes.append(len(view))
             while view:
                 view = view[os.write(fd, view):]
+            del view, blob
         conn.send((meta, sizes, None))
         reduction.send_handle(conn, fd, 0)
     finally:
