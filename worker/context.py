@@ -144,9 +144,12 @@ def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations:
 
 def build_context(settings: Settings, queues: list[str] | None = None,
                   startup: StartupClock | None = None) -> WorkerContext:
-    """The engine starts on a thread of its own; the clients that do not depend on it (Redis,
-    store, S3, cache, the decoder's processes, metrics) are made on this one meanwhile. The
-    governor and the engine loop follow the engine, whose capacity they plan with."""
+    """The engine starts on a thread of its own, and what does not depend on it is made while it
+    builds: the clients (Redis, store, S3, the decoder's processes, metrics), on this thread, or for
+    vLLM in the warm-up's thread once vLLM's engine core is building (this process then only waits
+    for it; a client made on another thread meanwhile would slow vLLM's import, both holding the
+    GIL), with the worker's first garbage collection. The governor and the engine loop follow the
+    engine, whose capacity they plan with."""
     from worker.engine_kinds import build_engine
 
     engine_settings = settings.engine
@@ -157,27 +160,37 @@ def build_context(settings: Settings, queues: list[str] | None = None,
         engine_settings = engine_settings.model_copy(
             update={"compile_cache_dir": settings.var_dir / "vllm-cache"})
     engine = build_engine(engine_settings)
-    beside_build = getattr(engine, "while_building", None)
-    if isinstance(beside_build, list):  # vLLM: the first full collection while its core builds
-        from worker import gcwatch
-
-        beside_build.append(gcwatch.freeze)
     log.info("engine %s starting", settings.engine.kind)
     startup = startup or StartupClock()
+    made: list[tuple[_Clients, float]] = []
+
+    def make_clients() -> None:
+        t0 = time.perf_counter()
+        made.append((_Clients.make(settings, queues), time.perf_counter() - t0))
+
+    beside_build = getattr(engine, "while_building", None)
+    if isinstance(beside_build, list):
+        # vLLM: while its core builds and this process waits for it (the GIL free), after the
+        # renderer's warm-up: the first full collection and the clients
+        from worker import gcwatch
+
+        beside_build.extend([gcwatch.freeze, make_clients])
+        during = "engine.llm"
     started = _StartEngine(engine)
-    t0 = time.perf_counter()
-    try:
-        clients = _Clients.make(settings, queues)
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            started.join()  # never leave a half-built engine running behind a failed start
-        engine.close()
-        raise
-    startup.add_beside("clients", time.perf_counter() - t0, during="engine")
+    if not isinstance(beside_build, list):  # any other engine: the clients on this thread meanwhile
+        during = "engine"
+        try:
+            make_clients()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                started.join()  # never leave a half-built engine running behind a failed start
+            engine.close()
+            raise
     try:
         started.join()
     except BaseException:
-        clients.close()
+        for clients, _ in made:
+            clients.close()
         raise
     engine_s = startup.mark("engine")
     phases = dict(getattr(engine, "start_phases", None) or {})
@@ -186,7 +199,12 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     for name, seconds in beside.items():
         startup.add_beside(f"engine.{name}", seconds, during="engine.llm")
     log.info("engine %s ready in %.1fs: revision %s", engine.name, engine_s, engine.revision)
-    return clients.context(settings, engine, queues, startup)
+    if made:
+        startup.add_beside("clients", made[0][1], during=during)
+    else:  # the core was ready before the warm-up got to them
+        make_clients()
+        startup.mark("clients")
+    return made[0][0].context(settings, engine, queues, startup)
 
 
 class _StartEngine:
