@@ -52,15 +52,19 @@ def _engine_only(args: argparse.Namespace, llm: Any, render: Any, images: list[A
 
     sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
 
-    def rendered() -> list[Any]:
+    from worker.engines.vllm.render_ahead import one_torch_thread
+
+    def rendered(n: int | None = None) -> list[Any]:
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.threads) as pool:
-            out = list(pool.map(render, images))
+        # one torch thread per render thread, as the worker's render threads: each thread's torch
+        # ops otherwise bring an OpenMP team of one thread per core (16 threads × 16 on the H100)
+        with ThreadPoolExecutor(args.threads, initializer=one_torch_thread) as pool:
+            out = list(pool.map(render, images[:n]))
         row.setdefault("render", {})[f"threads{args.threads}_s"] = round(time.perf_counter() - t0, 2)
         return out
 
     for name in ("engine_cold", "engine"):  # rendered for each run: a run consumes its inputs
-        pages = rendered()[: args.warmup_images or None] if name == "engine_cold" else rendered()
+        pages = rendered(args.warmup_images or None) if name == "engine_cold" else rendered()
         before = _preemptions(llm)
         row[name] = _run(llm.llm_engine, {f"{name}-{i}": x for i, x in enumerate(pages)}, sp)
         row[name]["preemptions"] = _preemptions(llm) - before
