@@ -18,9 +18,11 @@ On a CPU (no CUDA) it runs the tiny checkpoint in fp32, eager: a dry run of the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -70,7 +72,9 @@ def _plain(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str
         if line.startswith(READY):
             row = {"ready_s": round(time.perf_counter() - t0, 1), **json.loads(line[len(READY):])}
             break
-    proc.kill()
+    # the whole session: vLLM's engine core is a child of the script and would keep its share
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     if not row:
         raise RuntimeError(f"plain vLLM did not start: {log.read_text()[-2000:]}")
@@ -110,6 +114,19 @@ def _ocrq(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str]
     client.delete(node)
     return {"ready_s": wall, "worker_ready_s": start.get("ready_s"), "phases": start.get("phases"),
             "detail": start.get("detail"), "beside": start.get("beside"), "critical_path": start.get("critical_path")}
+
+
+def _settled(idle_gb: float | None, timeout: float = 120.0) -> float | None:
+    """Wait until the device is back to its idle use (the last row's processes gone, their memory
+    returned), up to ``timeout``; returns the GiB in use then (None without NVML)."""
+    from bench.gpu_vllm import _device_used_gb
+
+    deadline = time.monotonic() + timeout
+    used = _device_used_gb()
+    while used is not None and idle_gb is not None and used > idle_gb + 1.0 and time.monotonic() < deadline:
+        time.sleep(1.0)
+        used = _device_used_gb()
+    return used
 
 
 def _total_bytes() -> int:
@@ -157,7 +174,11 @@ def main() -> None:
         import vllm
 
         result["vllm"] = vllm.__version__
+        from bench.gpu_vllm import _device_used_gb
+
+        idle = result["device_idle_gb"] = _device_used_gb()
         for i, what in enumerate(args.order.split(",")):
+            used_before = _settled(idle)  # each row alone on the device
             side, cache = what.split("-")
             env = {**base, **_caches(args.work / f"cache-{side}", fresh=cache == "cold")}
             log = args.out / f"gpu-start-{what}.log"
@@ -165,7 +186,7 @@ def main() -> None:
                 row = _plain(model, args, cuda, env, log)
             else:
                 row = _ocrq(model, args, cuda, env, log, redis_url, f"start{i}")
-            row = {"row": what, **row}
+            row = {"row": what, **row, "device_used_before_gb": used_before}
             rows.append(row)
             print(json.dumps(row), flush=True)
             (args.out / "gpu-start.json").write_text(json.dumps(result, indent=1))

@@ -15,8 +15,9 @@ Phases on the critical path, in order (each the wall time since the previous mar
 Phases *beside* the critical path run while another one does (``beside``): the clients (Redis,
 store, S3, the decoder processes, metrics) while the engine builds, and inside the engine the
 renderer's warm-up, the answer tokenizer, the first garbage collection and (vLLM) the clients
-while its core builds; a ``clients`` phase on the path means the core was ready first. They cost CPU, not wall time, as long as they end first. ``critical_path`` lists the
-phases, the engine's own broken down, whose seconds add up to ``ready_s``.
+while its core builds; a ``clients`` phase on the path means the core was ready first. They cost
+CPU, not wall time, as long as they end first. ``critical_path`` lists the phases, the engine's
+own broken down, whose seconds add up to ``ready_s``.
 
 ``ready_s`` is what KEDA or a replaced spot GPU pays before the worker takes work. The breakdown
 goes to the log (one line), the worker's state in Redis (``start``) and its metrics
