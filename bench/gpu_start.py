@@ -2,21 +2,27 @@
 the worker's phases (worker/startup.py), first with a cold compile cache, then warm (a restart).
 
     python3 -m bench.gpu_start --out DIR [--work DIR] [--cap-gb 24] [--max-model-len 4096]
+        [--max-num-seqs N --max-num-batched-tokens N]   # the same engine knobs on both sides
 
 Order: plain cold, ocrq cold, plain warm, ocrq warm. Each side has its own cache folders (vLLM's
 ``VLLM_CACHE_ROOT``, Triton's, Inductor's), emptied before its cold start so neither warms the
 other; the checkpoint is read once beforehand so both find it in the page cache. Wall time is
 measured from ``Popen`` to ready: the ``LLM`` built (plain), the worker's state showing
-``start.ready_s`` (ocrq: engine built, consumer connected). Writes DIR/gpu-start.json.
+``start.ready_s`` (ocrq: engine built, consumer connected), with the worker's phases and its critical
+path. ``--max-num-seqs``/``--max-num-batched-tokens`` give both sides the same knobs (the compile
+ranges and CUDA graphs vLLM builds follow from them); without them each side starts with its own
+defaults. Writes DIR/gpu-start.json; the caches stay in WORK/cache-plain and WORK/cache-ocrq.
 On a CPU (no CUDA) it runs the tiny checkpoint in fp32, eager: a dry run of the script only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +55,10 @@ def _caches(root: Path, fresh: bool) -> dict[str, str]:
 def _plain(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str], log: Path) -> dict[str, Any]:
     kw: dict[str, Any] = {"model": str(model), "max_model_len": args.max_model_len, "seed": 0,
                           "limit_mm_per_prompt": {"image": 1}}
+    if args.max_num_seqs:
+        kw["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens:
+        kw["max_num_batched_tokens"] = args.max_num_batched_tokens
     if cuda:
         kw.update(dtype="bfloat16", gpu_memory_utilization=round(args.cap_gb * GIB / _total_bytes(), 4))
     else:
@@ -62,7 +72,9 @@ def _plain(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str
         if line.startswith(READY):
             row = {"ready_s": round(time.perf_counter() - t0, 1), **json.loads(line[len(READY):])}
             break
-    proc.kill()
+    # the whole process group: vLLM's engine core is a child of the script and would keep its share
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     if not row:
         raise RuntimeError(f"plain vLLM did not start: {log.read_text()[-2000:]}")
@@ -80,6 +92,10 @@ def _ocrq(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str]
             "OCRQ_ENGINE__KIND": "vllm", "OCRQ_ENGINE__MODEL_DIR": str(model),
             "OCRQ_ENGINE__MAX_MODEL_LEN": str(args.max_model_len), "OCRQ_METRICS_PORT": "0",
             "OCRQ_BATCH__MEMORY_CAP_BYTES": str(int(args.cap_gb * GIB)), "OCRQ_VAR_DIR": str(args.work / "var")}
+    if args.max_num_seqs:
+        wenv["OCRQ_ENGINE__MAX_NUM_SEQS"] = str(args.max_num_seqs)
+    if args.max_num_batched_tokens:
+        wenv["OCRQ_ENGINE__MAX_NUM_BATCHED_TOKENS"] = str(args.max_num_batched_tokens)
     if not cuda:
         wenv.update({"OCRQ_ENGINE__DTYPE": "float32", "OCRQ_ENGINE__ENFORCE_EAGER": "true",
                      "VLLM_CPU_KVCACHE_SPACE": "1"})
@@ -97,7 +113,20 @@ def _ocrq(model: Path, args: argparse.Namespace, cuda: bool, env: dict[str, str]
     stop(proc)
     client.delete(node)
     return {"ready_s": wall, "worker_ready_s": start.get("ready_s"), "phases": start.get("phases"),
-            "detail": start.get("detail")}
+            "detail": start.get("detail"), "beside": start.get("beside"), "critical_path": start.get("critical_path")}
+
+
+def _settled(idle_gb: float | None, timeout: float = 120.0) -> float | None:
+    """Wait until the device is back to its idle use (the last row's processes gone, their memory
+    returned), up to ``timeout``; returns the GiB in use then (None without NVML)."""
+    from bench.gpu_vllm import _device_used_gb
+
+    deadline = time.monotonic() + timeout
+    used = _device_used_gb()
+    while used is not None and idle_gb is not None and used > idle_gb + 1.0 and time.monotonic() < deadline:
+        time.sleep(1.0)
+        used = _device_used_gb()
+    return used
 
 
 def _total_bytes() -> int:
@@ -114,6 +143,8 @@ def main() -> None:
     ap.add_argument("--cap-gb", type=float, default=24.0)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--order", default="plain-cold,ocrq-cold,plain-warm,ocrq-warm")
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="both sides (0: each its own default)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=0, help="both sides (0: each its own default)")
     args = ap.parse_args()
 
     import torch
@@ -136,12 +167,18 @@ def main() -> None:
     base = {**os.environ, "OCRQ_VLLM_DISABLE_FIXES": os.environ.get("OCRQ_VLLM_DISABLE_FIXES", "")}
     rows: list[dict[str, Any]] = []
     result = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
-              "cap_gb": args.cap_gb, "max_model_len": args.max_model_len, "rows": rows}
+              "cap_gb": args.cap_gb, "max_model_len": args.max_model_len,
+              "max_num_seqs": args.max_num_seqs or "default",
+              "max_num_batched_tokens": args.max_num_batched_tokens or "default", "rows": rows}
     try:
         import vllm
 
         result["vllm"] = vllm.__version__
+        from bench.gpu_vllm import _device_used_gb
+
+        idle = result["device_idle_gb"] = _device_used_gb()
         for i, what in enumerate(args.order.split(",")):
+            used_before = _settled(idle)  # each row alone on the device
             side, cache = what.split("-")
             env = {**base, **_caches(args.work / f"cache-{side}", fresh=cache == "cold")}
             log = args.out / f"gpu-start-{what}.log"
@@ -149,7 +186,7 @@ def main() -> None:
                 row = _plain(model, args, cuda, env, log)
             else:
                 row = _ocrq(model, args, cuda, env, log, redis_url, f"start{i}")
-            row = {"row": what, **row}
+            row = {"row": what, **row, "device_used_before_gb": used_before}
             rows.append(row)
             print(json.dumps(row), flush=True)
             (args.out / "gpu-start.json").write_text(json.dumps(result, indent=1))

@@ -3,6 +3,7 @@ rows explained by a profile). One process, one engine (its core in this process,
 ``apply_model`` see it), the plain rows' settings:
 
     python3 -m bench.gpu_vllm_profile --name prof-16k --out DIR [--max-num-batched-tokens N] [--kernels]
+    python3 -m bench.gpu_vllm_profile --name alone-1000 --images 1000 --engine-only --warmup-images 200 --out DIR
     # CPU dry run: --size tiny --scale 0.25 --images 12 --tokens 16
 
 Phases, each timed on its own:
@@ -14,6 +15,10 @@ Phases, each timed on its own:
 3. ``prefill``: the same with 1 new token: the prefill (vision tower + language-model prompt) alone.
 4. ``vit``: the vision tower alone on one page of each size (``apply_model``), ms and TFLOP/s.
 5. ``--kernels``: the CUDA kernels of a prefill of 8 large pages (torch profiler), top 25.
+
+``--engine-only`` keeps phase 2 alone, for the engine-alone reference beside a worker's row on
+many pages: the pages rendered on ``--threads`` threads (timed), the cold run on the first
+``--warmup-images`` of them, the warm run on all, each run's preemptions from vLLM's counter.
 """
 
 from __future__ import annotations
@@ -35,6 +40,36 @@ def _vit_flops(patches: int, cfg: Any) -> float:
     linear = 2 * patches * (4 * d * d + 2 * d * inter)
     attention = 4 * patches * patches * d
     return float(layers * (linear + attention))
+
+
+def _preemptions(llm: Any) -> int:
+    return int(sum(float(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
+
+
+def _engine_only(args: argparse.Namespace, llm: Any, render: Any, images: list[Any], row: dict[str, Any]) -> None:
+    """The engine alone: every page rendered beforehand, added at once, stepped to the end."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+
+    from worker.engines.vllm.render_ahead import one_torch_thread
+
+    def rendered(n: int | None = None) -> list[Any]:
+        t0 = time.perf_counter()
+        # one torch thread per render thread, as the worker's render threads: each thread's torch
+        # ops otherwise bring an OpenMP team of one thread per core (16 threads × 16 on the H100)
+        with ThreadPoolExecutor(args.threads, initializer=one_torch_thread) as pool:
+            out = list(pool.map(render, images[:n]))
+        row.setdefault("render", {})[f"threads{args.threads}_s"] = round(time.perf_counter() - t0, 2)
+        return out
+
+    for name in ("engine_cold", "engine"):  # rendered for each run: a run consumes its inputs
+        pages = rendered(args.warmup_images or None) if name == "engine_cold" else rendered()
+        before = _preemptions(llm)
+        row[name] = _run(llm.llm_engine, {f"{name}-{i}": x for i, x in enumerate(pages)}, sp)
+        row[name]["preemptions"] = _preemptions(llm) - before
+        del pages
+        print(name, row[name], flush=True)
 
 
 def _run(engine: Any, inputs: dict[str, Any], sp: Any) -> dict[str, Any]:
@@ -115,6 +150,8 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--vision-cuda-graphs", action="store_true",
                     help="the vision tower as CUDA graphs (engine.vision_cuda_graphs' compilation config)")
+    ap.add_argument("--engine-only", action="store_true", help="only the engine runs (cold, then warm)")
+    ap.add_argument("--warmup-images", type=int, default=0, help="--engine-only: pages of the cold run (0: all)")
     args = ap.parse_args()
     os.environ["OCRQ_VLLM_DISABLE_FIXES"] = PLAIN_OFF
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the core in this process: profiler + apply_model
@@ -158,6 +195,13 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
     def render(im: Any) -> Any:
         (engine_input,) = llm._preprocess_cmpl([{"prompt": prompt, "multi_modal_data": {"image": im}}])
         return engine_input
+
+    if args.engine_only:
+        row.update(images=len(images), tokens=args.tokens, cap_gb=args.cap_gb)
+        _engine_only(args, llm, render, images, row)
+        row["peak_gb"] = _device_used_gb()
+        _write(args, row)
+        return
 
     # 1. rendering, serial then threaded
     per_size: dict[str, list[float]] = defaultdict(list)

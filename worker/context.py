@@ -3,9 +3,11 @@ import time), shared by the chunk tasks running in the threads pool."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -159,9 +161,13 @@ def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations:
 
 def build_context(settings: Settings, queues: list[str] | None = None,
                   startup: StartupClock | None = None) -> WorkerContext:
+    """The engine starts on a thread of its own, and what does not depend on it is made while it
+    builds: the clients (Redis, store, S3, the decoder's processes, metrics), on this thread, or for
+    vLLM in the warm-up's thread once vLLM's engine core is building (this process then only waits
+    for it; a client made on another thread meanwhile would slow vLLM's import, both holding the
+    GIL), with the worker's first garbage collection. The governor and the engine loop follow the
+    engine, whose capacity they plan with."""
     from worker.engine_kinds import build_engine
-    from worker.loop.engine_loop import EngineLoop
-    from worker.memory.nvml import NullProbe, NvmlProbe
 
     engine_settings = settings.engine
     if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
@@ -173,44 +179,134 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     engine = build_engine(engine_settings)
     log.info("engine %s starting", settings.engine.kind)
     startup = startup or StartupClock()
-    engine.start()
+    made: list[tuple[_Clients, float]] = []
+
+    def make_clients() -> None:
+        t0 = time.perf_counter()
+        made.append((_Clients.make(settings, queues), time.perf_counter() - t0))
+
+    beside_build = getattr(engine, "while_building", None)
+    if isinstance(beside_build, list):
+        # vLLM: while its core builds and this process waits for it (the GIL free), after the
+        # renderer's warm-up: the first full collection and the clients
+        from worker import gcwatch
+
+        beside_build.extend([gcwatch.freeze, make_clients])
+        during = "engine.llm"
+    started = _StartEngine(engine)
+    if not isinstance(beside_build, list):  # any other engine: the clients on this thread meanwhile
+        during = "engine"
+        try:
+            make_clients()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                started.join()  # never leave a half-built engine running behind a failed start
+            engine.close()
+            raise
+    try:
+        started.join()
+    except BaseException:
+        for clients, _ in made:
+            clients.close()
+        raise
     engine_s = startup.mark("engine")
-    startup.add_detail("engine", dict(getattr(engine, "start_phases", None) or {}))
+    phases = dict(getattr(engine, "start_phases", None) or {})
+    beside = dict(getattr(engine, "start_beside", None) or {})
+    startup.add_detail("engine", phases, path=[p for p in ("import", "llm", "after_llm") if p in phases])
+    for name, seconds in beside.items():
+        startup.add_beside(f"engine.{name}", seconds, during="engine.llm")
     log.info("engine %s ready in %.1fs: revision %s", engine.name, engine_s, engine.revision)
-    probe = NvmlProbe.for_current_device()
-    governor = governor_for(settings.batch, engine, probe)
-    client = redis_conn.client(settings.redis, health_check_interval=30)
-    governor_key = restore_governor(governor, client, settings, engine.revision)
-    startup.mark("governor")
-    metrics = WorkerMetrics()
-    loop = EngineLoop(
-        engine, governor, probe,
-        linger_s=settings.batch.linger_ms / 1000, intake_wait_s=settings.batch.intake_wait_ms / 1000,
-        oom_retries=settings.batch.oom_retries,
-        on_batch=metrics.observe_batch,
-    )
-    loop.start()
-    metrics.watch(loop.state, probe, getattr(probe, "device", "none"), client, queues or [settings.queue.name],
-                  settings.redis)
-    if settings.metrics_port:
-        auth = settings.metrics_basic_auth
-        metrics.serve(settings.metrics_addr, settings.metrics_port, auth.get_secret_value() if auth else None)
-    # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
-    s3 = make_s3_client(settings.store)
-    store = make_store(settings.store, s3)
-    pool = ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch")
-    decoder = make_decoder(settings.limits)
-    device = "cpu" if settings.engine.kind in CPU_ENGINES or isinstance(probe, NullProbe) else "gpu"
-    progress = ProgressCounter(client, settings.engine.kind, device)
-    progress.start()
-    return WorkerContext(
-        settings=settings, redis=client, s3_client=s3, store=store,
-        cache=ResultCache(cache_client(settings, client), store, settings.redis.cache_ttl,
-                          settings.redis.cache_max_bytes),
-        index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
-        governor_key=governor_key, metrics=metrics, decoder=decoder, startup=startup, device=device,
-        progress=progress,
-    )
+    if made:
+        startup.add_beside("clients", made[0][1], during=during)
+    else:  # the core was ready before the warm-up got to them
+        make_clients()
+        startup.mark("clients")
+    return made[0][0].context(settings, engine, queues, startup)
+
+
+class _StartEngine:
+    """``engine.start()`` on a thread; ``join`` re-raises what it raised."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(engine,), name="ocrq-engine-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, engine: Engine) -> None:
+        try:
+            engine.start()
+        except BaseException as exc:  # handed to the thread that waits for the engine
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+@dataclass
+class _Clients:
+    """What a worker makes without its engine, while the engine starts."""
+
+    redis: Any
+    s3: Any
+    store: ResultStore
+    pool: ThreadPoolExecutor
+    decoder: Decoder | None
+    metrics: WorkerMetrics
+    probe: Any
+
+    @classmethod
+    def make(cls, settings: Settings, queues: list[str] | None) -> _Clients:
+        from worker.memory.nvml import NvmlProbe
+
+        client = redis_conn.client(settings.redis, health_check_interval=30)
+        metrics = WorkerMetrics()
+        if settings.metrics_port:
+            auth = settings.metrics_basic_auth
+            metrics.serve(settings.metrics_addr, settings.metrics_port, auth.get_secret_value() if auth else None)
+        # one client for s3:// refs and, when store.kind is s3, the result store (no I/O at creation)
+        s3 = make_s3_client(settings.store)
+        return cls(redis=client, s3=s3, store=make_store(settings.store, s3),
+                   pool=ThreadPoolExecutor(settings.limits.fetch_threads, thread_name_prefix="ocrq-fetch"),
+                   decoder=make_decoder(settings.limits), metrics=metrics, probe=NvmlProbe.for_current_device())
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.decoder is not None:
+            self.decoder.close()
+
+    def context(self, settings: Settings, engine: Engine, queues: list[str] | None,
+                startup: StartupClock) -> WorkerContext:
+        """The governor (from the engine's capacity and its saved snapshot) and the engine loop."""
+        from worker.loop.engine_loop import EngineLoop
+        from worker.memory.nvml import NullProbe
+
+        governor = governor_for(settings.batch, engine, self.probe)
+        governor_key = restore_governor(governor, self.redis, settings, engine.revision)
+        startup.mark("governor")
+        metrics = self.metrics
+        loop = EngineLoop(
+            engine, governor, self.probe,
+            linger_s=settings.batch.linger_ms / 1000, intake_wait_s=settings.batch.intake_wait_ms / 1000,
+            oom_retries=settings.batch.oom_retries,
+            on_batch=metrics.observe_batch,
+        )
+        loop.start()
+        metrics.watch(loop.state, self.probe, getattr(self.probe, "device", "none"), self.redis,
+                      queues or [settings.queue.name], settings.redis)
+        device = "cpu" if settings.engine.kind in CPU_ENGINES or isinstance(self.probe, NullProbe) else "gpu"
+        progress = ProgressCounter(self.redis, settings.engine.kind, device)
+        progress.start()
+        return WorkerContext(
+            settings=settings, redis=self.redis, s3_client=self.s3, store=self.store,
+            cache=ResultCache(cache_client(settings, self.redis), self.store, settings.redis.cache_ttl,
+                              settings.redis.cache_max_bytes),
+            index=JobIndex(self.redis, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=self.pool,
+            governor_key=governor_key, metrics=metrics, decoder=self.decoder, startup=startup, device=device,
+            progress=progress,
+        )
 
 
 def cache_client(settings: Settings, broker: Any) -> Any:
@@ -243,6 +339,7 @@ def governor_for(batch: BatchSettings, engine: Engine, probe: MemoryProbe | None
         batch, profile_of(engine), probe,
         engine_capacity=capacity if isinstance(capacity, int) else None,
         token_capacity=tokens if isinstance(tokens, int) else None,
+        kv_gated=getattr(engine, "kv_gated", False) is True,
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from ocrq import keys
 from producer.client import Client
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env, worker_start_state
@@ -62,17 +63,31 @@ def _run_job(redis_url: str, tmp_path: Path, job_name: str, engine: str) -> None
 
 def test_in_process_vllm_engine_in_a_worker(redis_url, start_worker, tmp_path, checkpoint, venv_env):
     word_images(tmp_path / "in", 5)
-    start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], **venv_env,
+    # vLLM's engine core in its own process, as on a GPU host: the renderer warms up while it builds
+    env = {**venv_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    start_worker(worker_env(redis_url, tmp_path / "store", [tmp_path], **env,
                             **_engine_env(checkpoint, "vllm")), name="inproc")
     _run_job(redis_url, tmp_path, "vllm-inproc", "vllm")
     # the worker's start, phase by phase, with vLLM's own build phases read from its log lines
-    start = worker_start_state(redis.Redis.from_url(redis_url), "inproc")
+    client = redis.Redis.from_url(redis_url)
+    start = worker_start_state(client, "inproc")
     assert abs(sum(start["phases"].values()) - start["ready_s"]) < 0.01
     detail = start["detail"]
     assert 0 < detail["engine.llm"] <= start["phases"]["engine"], start
     assert "engine.tokenizer" in detail and "engine.renderer_warm" in detail, start
     # vLLM's engine core logged its init (profile, KV cache, warm-up): found in its own log line
     assert 0 < detail["engine.init_engine"] < detail["engine.llm"], start
+    # beside the build: the clients, and inside LLM() the renderer's warm-up (core process up);
+    # the critical path still adds up to ready
+    assert start["beside"]["clients"]["during"] == "engine.llm", start  # once the core builds
+    assert start["beside"]["engine.renderer_warm"]["during"] == "engine.llm", start
+    assert abs(sum(s for _, s in start["critical_path"]) - start["ready_s"]) < 0.05, start
+    assert [name for name, _ in start["critical_path"]][2:4] == ["engine.import", "engine.llm"], start
+    # requests entered vLLM through the KV gate, and vLLM preempted none of them
+    [state_key] = list(client.scan_iter(keys.worker_state("inproc@*")))
+    state = json.loads(client.get(state_key))
+    assert state["kv_gated"] is True and state["engine"]["gate_tokens"] > 0, state
+    assert state["engine"]["gate_tightened"] == 0 and state.get("preemptions") in (None, 0), state
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def main(model_dir: str, out: str, unfixed: bool) -> None:
     ProcessorMixin.from_pretrained = classmethod(from_pretrained)  # type: ignore[method-assign,assignment]
     copy.deepcopy = deepcopy  # vLLM's pool copies with copy.deepcopy
     if unfixed:
-        VllmEngine._warm_renderer = lambda self: 0.0  # type: ignore[method-assign]
+        VllmEngine.warm_renderer = False
         real_args = VllmEngine.engine_args
 
         def engine_args(self: Any) -> dict[str, Any]:

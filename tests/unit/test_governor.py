@@ -307,6 +307,33 @@ def test_paged_admission_leaves_room_for_partly_filled_kv_blocks() -> None:
     assert gov._token_room(None) == pytest.approx(90_000)
 
 
+def test_an_engine_that_gates_its_kv_is_booked_past_its_cache_in_batches_of_room_over_slots() -> None:
+    """In-process vLLM admits requests to its cache itself (worker.engines.vllm.kv_gate): admission
+    books 1.3× the KV tokens so a queue waits at the gate, the count limit caps each batch instead
+    of all of them, and batches are the booked room over the slots."""
+    gov = governor(capacity=1000 * GB, max_size=128, token_capacity=240_000, kv_gated=True)
+    gov.slots = 8
+    assert gov._token_room(None) == pytest.approx(312_000)
+    pages = [ImageCost(vision_tokens=1456, prompt_tokens=16, output_tokens=256)] * 400
+    first = gov.plan(pages)
+    assert len(first) == -(-int(312_000 // 1728) // 8)  # 180 images the room holds, over 8 slots
+    second = gov.plan(pages[: 400 - len(first)], inflight=[pages[0]] * len(first))
+    assert len(second) == len(first)
+    assert gov.desired_backlog() == 2 * (312_000 // 1728)
+    # ungated, the same engine plans to 90 % of its cache and shares the count limit
+    plain = governor(capacity=1000 * GB, max_size=128, token_capacity=240_000)
+    plain.slots = 8
+    assert plain._token_room(None) == pytest.approx(216_000) and len(plain.plan(pages)) == 16
+
+
+def test_behind_a_kv_gate_a_full_cache_and_preemptions_hold_growth_but_never_shrink() -> None:
+    gov = governor(capacity=1000 * GB, max_size=128, token_capacity=100_000, kv_gated=True)
+    gov.plan([c(10)] * 200)
+    gov.on_pressure(0.99, 0, preemptions=0, in_flight=150)
+    gov.on_pressure(0.99, 4, preemptions=3, in_flight=150)
+    assert gov.count_limit() == 128 and gov.state()["kv_gated"] is True
+
+
 def test_preemptions_and_full_kv_shrink_like_a_soft_oom() -> None:
     gov = governor(capacity=1000 * GB, max_size=128, initial_size=64)
     gov.plan([c(10)] * 200)

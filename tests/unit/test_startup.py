@@ -7,6 +7,8 @@ import logging
 import os
 import time
 
+import pytest
+
 from worker.engines.vllm import startup
 from worker.startup import StartupClock, process_started_at
 
@@ -36,6 +38,34 @@ def test_phases_add_up_to_ready() -> None:
     assert sum(s.phases.values()) == s.ready_s
     assert s.state()["detail"] == {"engine.llm": 27.5, "engine.compile": 9.25}
     assert s.summary().startswith("ready in 33.5s: interpreter 1.5s, celery 1.0s, engine 30.0s")
+
+
+def test_phases_beside_the_engine_leave_the_critical_path_adding_up_to_ready() -> None:
+    clock = FakeClock(100.0)
+    s = StartupClock(started_at=98.0, clock=clock)
+    s.mark("interpreter")
+    clock.now = 101.0
+    s.mark("celery")
+    clock.now = 171.0
+    s.mark("engine")
+    # vLLM: import, LLM(), the wait after it follow one another; the renderer's warm-up ran beside LLM()
+    s.add_detail("engine", {"import": 9.0, "llm": 60.0, "compile": 20.0, "after_llm": 0.5, "renderer_warm": 14.5},
+                 path=["import", "llm", "after_llm"])
+    s.add_beside("clients", 0.6, during="engine")
+    s.add_beside("engine.renderer_warm", 14.5, during="engine.llm")
+    clock.now = 171.5
+    s.mark("gc")
+    assert s.ready() == 73.5
+    path = s.critical_path()
+    assert [name for name, _ in path] == ["interpreter", "celery", "engine.import", "engine.llm", "engine.after_llm",
+                                          "engine.other", "gc", "consumer"]
+    assert sum(seconds for _, seconds in path) == pytest.approx(s.ready_s)
+    assert dict(path)["engine.other"] == 0.5
+    state = s.state()
+    assert state["beside"] == {"clients": {"s": 0.6, "during": "engine"},
+                               "engine.renderer_warm": {"s": 14.5, "during": "engine.llm"}}
+    assert "beside: clients 0.6s during engine" in s.summary()
+    assert "critical path: interpreter 2.0s > celery 1.0s > engine.import 9.0s > engine.llm 60.0s" in s.summary()
 
 
 def test_process_start_is_this_process() -> None:

@@ -26,6 +26,9 @@ MOVED = ("vllm.model_executor.models.hunyuan_vision", "vllm.model_executor.model
     ("0.32.0", True, ("pil_processor", "contiguous_merger", "split_fix")),
     ("0.33.0", False, ("split_fix",)),
     ("0.33.0", True, ()),  # no CPU build of 0.33 to check: nothing applied, a warning
+    ("0.34.0", False, ("split_fix",)),  # read from its wheel: 0.32's split code again
+    ("0.34.0", True, ()),
+    ("0.35.0", False, ()),  # not read yet: nothing applied, a warning
     ("0.27.1", False, ()),
 ])
 def test_each_family_gets_its_fixes(version: str, cpu: bool, fixes: tuple[str, ...]) -> None:
@@ -36,11 +39,13 @@ def test_the_native_model_paths_are_for_0_26_only() -> None:
     assert family_of("0.26.0+cpu", True).native_model and family_of("0.26.0+cpu", True).release == "0.26"
     assert not family_of("0.32.0", True).native_model
     assert not family_of("0.33.0", False).native_model
+    assert not family_of("0.34.0", False).native_model
 
 
-def test_verified_families_are_in_the_table_and_0_33_is_not_verified() -> None:
+def test_verified_families_are_in_the_table_and_0_33_and_0_34_are_not_verified() -> None:
     assert VERIFIED <= set(FIXES)
     assert family_of("0.33.0", False).known and not family_of("0.33.0", False).verified
+    assert family_of("0.34.0", False).known and not family_of("0.34.0", False).verified
     assert family_of("0.32.0", True).verified
 
 

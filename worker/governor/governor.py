@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from worker.governor.calibration import Calibrator
 from worker.governor.count_limit import CountLimit
 from worker.governor.packing import batch_tokens, pack
-from worker.governor.paged_kv import KV_FILL, KvPressure
+from worker.governor.paged_kv import KV_BOOK, KV_FILL, KvPressure
 from worker.memory.costs import ImageCost, ModelProfile, resolve_capacity
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class Governor:
         grow_after: int = 2,
         calibrator: Calibrator | None = None,
         token_capacity: int | None = None,
+        kv_gated: bool = False,
     ) -> None:
         if not 0.0 <= headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1), got {headroom}")
@@ -89,6 +90,11 @@ class Governor:
         #: (prompt + max new tokens of every image in flight), not against a byte peak: vLLM
         #: preallocated its memory, and a sequence that outgrows the cache is preempted, not OOM
         self.token_capacity = token_capacity
+        #: the paged engine admits requests to its KV cache itself, request by request, so that it
+        #: never preempts (vLLM's KV gate): admission then books more tokens than the cache holds
+        #: (``KV_BOOK``), and the queue that forms in front of the gate keeps the cache full
+        self.kv_gated = kv_gated and token_capacity is not None
+        self.token_book = KV_BOOK if self.kv_gated else KV_FILL
         #: batches the engine runs at once (set by the engine loop): they share the count limit, so
         #: a paged engine is refilled in small steps as batches finish instead of in one big one
         self.slots = 1
@@ -126,6 +132,7 @@ class Governor:
         capacity_bytes: int | None = None,
         engine_capacity: int | None = None,
         token_capacity: int | None = None,
+        kv_gated: bool = False,
     ) -> Governor:
         """A governor for a model profile. Capacity: the argument, else what the engine may use
         (``engine_capacity``, vLLM: its gpu_memory_utilization share), else the probe's device
@@ -143,6 +150,7 @@ class Governor:
             size=settings.size,
             memory_cap_bytes=settings.memory_cap_bytes,
             token_capacity=token_capacity,
+            kv_gated=kv_gated,
         )
 
     # ---- prediction -------------------------------------------------------------------------
@@ -160,7 +168,7 @@ class Governor:
         if self.token_capacity is not None:
             # every admitted image holds its prompt and all its new tokens: the KV cache itself is
             # the budget (headroom is for byte budgets; vLLM keeps its activations outside the KV)
-            return self.token_capacity * KV_FILL / self._boost
+            return self.token_capacity * self.token_book / self._boost
         if self.budget is None or self.capacity is None:
             return None
         budget = float(self.budget)
@@ -258,7 +266,12 @@ class Governor:
                     max_skips=self.max_skips, lookahead=1 + 4 * self._hard)
 
     def _batch_cap(self) -> int:
-        return max(1, math.ceil(self._count.value() / max(1, self.slots)))
+        slots = max(1, self.slots)
+        if self.kv_gated:
+            # the count limit caps each batch; the booked room, shared by the slots, bounds them all:
+            # batches of about room / slots keep the gate's queue refilled in small steps
+            return max(1, min(self._count.value(), math.ceil(self._fit_n() / slots)))
+        return max(1, math.ceil(self._count.value() / slots))
 
     def _note_mix(self, pending: Sequence[ImageCost]) -> None:
         """Running mean tokens per image of the workload: how many images the budget admits, to
@@ -321,6 +334,10 @@ class Governor:
         growth; low usage lets it grow."""
         with self._lock:
             signal = self._kv.read(kv_usage, waiting, preemptions)
+            if signal == "shrink" and self.kv_gated:
+                # a full cache is what the gate aims at, and a preemption is the gate's to answer
+                # (it plans with less) or vLLM making room for a more urgent request
+                signal = "hold"
             if signal == "shrink":
                 # batches in flight share the limit: ¾ of one batch would starve all the others
                 self._count.shrink(in_flight if in_flight else self._last_n)
@@ -372,6 +389,8 @@ class Governor:
         room = None if self.mode == "fixed" else self._token_room(None)
         if room is None or not self._image_tokens:
             return self._hard
+        if self.kv_gated:  # the room, not one batch's cap, bounds the images in flight
+            return max(1, int(room // self._image_tokens))
         return max(1, min(self._hard, int(room // self._image_tokens)))
 
     def state(self) -> dict[str, Any]:
@@ -390,6 +409,8 @@ class Governor:
                 "max_measured_peak_bytes": self._max_measured,
                 "oom_count": self._oom_count,
                 "pressure_count": self._kv.count,
+                "kv_gated": self.kv_gated,
+                "token_book": self.token_book,
                 "boost": round(self._boost, 4),
                 "base_bytes": int(self.calibrator.base),
                 "bytes_per_token": round(self.calibrator.slope, 1),

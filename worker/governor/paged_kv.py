@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["KV_FILL", "KV_HOLD", "KV_SHRINK", "KvPressure", "Signal"]
+__all__ = ["KV_BOOK", "KV_FILL", "KV_HOLD", "KV_SHRINK", "KvPressure", "Signal"]
 
 #: preemptions or a KV cache this full act like a soft OOM (shrink); above ``KV_HOLD`` hold
 KV_SHRINK = 0.95
@@ -15,6 +15,11 @@ KV_HOLD = 0.80
 #: request's last block is partly empty: planning to 100 % of the tokens over-commits the cache.
 #: Measured on the H200 at 100 %: KV usage ≥ 95 % and preemptions (1 at a 24 GiB budget, 3 at 8)
 KV_FILL = 0.90
+#: share of the KV tokens admission books when the engine gates its cache itself (in-process vLLM,
+#: ``worker.engines.vllm.kv_gate``). The gate runs ~C / (prompt + half the new tokens) pages where
+#: admission plans each at prompt + all of them (~1.05 C on the bench's pages), and the rest waits
+#: at the gate, rendered: about two batches' worth, so freed blocks are refilled at the next step
+KV_BOOK = 1.30
 
 #: what a sample asks of the count limit: shrink it, hold its growth, or nothing
 Signal = Literal["shrink", "hold", "none"]

@@ -6,8 +6,8 @@ ocrq runs HunyuanOCR on two generations of vLLM:
   ``vllm/model_executor/models/hunyuan_vision.py``. The plugin fixes its prompt replacement
   (``image_boundary``) and, on the CPU build, its rotary kernel (``xdrope_cpu``); the opt-in tower
   paths (``vision_groups``, ``encoder_graphs``) patch that native tower.
-- **0.32 / 0.33** (the newest CPU and CUDA releases; vLLM PR #53615 moved HunyuanVL to the
-  Transformers modeling backend): config, processor and model come from
+- **0.32 to 0.34** (0.32 the newest CPU release, 0.33 and 0.34 CUDA ones; vLLM PR #53615 moved
+  HunyuanVL to the Transformers modeling backend): config, processor and model come from
   ``transformers/models/hunyuan_vl``. The plugin registers transformers' PIL image processor where
   torchvision is absent (``pil_processor``), gives the patch merger's ``mlp`` a contiguous input for
   the CPU build's oneDNN matmul (``contiguous_merger``) and splits the vision output per image by the
@@ -22,9 +22,14 @@ here only: ``tests/unit/test_vllm_compat.py`` holds every other module to that.
 from __future__ import annotations
 
 import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: the plugin fixes each family (release line, device kind) needs
 FIXES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -34,6 +39,9 @@ FIXES: dict[tuple[str, str], tuple[str, ...]] = {
     # not run (no GPU with torch 2.14 at hand); its wheel has 0.32's split code, and the other two
     # fixes are CPU-build conditions (no torchvision, oneDNN)
     ("0.33", "cuda"): ("split_fix",),
+    # not run either (torch 2.14, no CPU build); read from its wheel: the Transformers backend
+    # still splits by raw patch counts (``num_image_patches`` = grid h·w), so ``split_fix``
+    ("0.34", "cuda"): ("split_fix",),
 }
 #: families the vllm tier (CPU) or the GPU tests (H200) ran on with the fixes above
 VERIFIED = frozenset({("0.26", "cpu"), ("0.26", "cuda"), ("0.32", "cpu")})
@@ -187,3 +195,53 @@ def engine_dead_error() -> type[BaseException]:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return EngineDeadError
+
+
+def prompt_length(engine_input: Any) -> int | None:
+    """Prompt tokens of a rendered request (``LLM._preprocess_chat``'s output: a dict with the
+    expanded ``prompt_token_ids``, image tokens included, in 0.26 to 0.34); None if unknown."""
+    ids = engine_input.get("prompt_token_ids") if isinstance(engine_input, Mapping) else \
+        getattr(engine_input, "prompt_token_ids", None)
+    return len(ids) if ids is not None else None
+
+
+@contextmanager
+def renderer_built(callback: Callable[[Any, Any], None]) -> Iterator[bool]:
+    """While inside, ``callback(renderer, model_config)`` runs as soon as an ``LLMEngine`` has made
+    its renderer, before it starts its engine core (``LLMEngine.__init__`` calls
+    ``vllm.v1.engine.llm_engine.renderer_from_config``, 0.26 to 0.34). Yields whether the hook is
+    in place (False: a release without that name; nothing is called)."""
+    import importlib
+
+    module = importlib.import_module("vllm.v1.engine.llm_engine")
+    original = getattr(module, "renderer_from_config", None)
+    if original is None:
+        yield False
+        return
+
+    def renderer_from_config(config: Any, *args: Any, **kwargs: Any) -> Any:
+        renderer = original(config, *args, **kwargs)
+        try:
+            callback(renderer, config.model_config)
+        except Exception:  # the hook is an optimisation: the build goes on without it
+            log.warning("renderer hook failed", exc_info=True)
+        return renderer
+
+    setattr(module, "renderer_from_config", renderer_from_config)  # noqa: B010
+    try:
+        yield True
+    finally:
+        setattr(module, "renderer_from_config", original)  # noqa: B010
+
+
+def render_chat(renderer: Any, model_config: Any, messages: list[Any]) -> Any:
+    """One chat request rendered as ``LLM._preprocess_chat`` renders it, given only the renderer
+    (before the ``LLM`` exists): the mixin reads ``renderer``, ``model_config`` and (0.32+)
+    ``chat_template`` off its instance, which a stand-in provides."""
+    from types import SimpleNamespace
+
+    from vllm import LLM
+
+    stand_in = SimpleNamespace(renderer=renderer, model_config=model_config, chat_template=None)
+    (engine_input,) = LLM._preprocess_chat(stand_in, [messages])  # type: ignore[arg-type]
+    return engine_input

@@ -22,7 +22,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,14 @@ from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
-from worker.engines.vllm import compat, startup, vision
+from worker.engines.vllm import compat, startup
 from worker.engines.vllm.answers import admission_error, answer_meta, image_messages
-from worker.engines.vllm.gauges import Gauges, kv_tokens
-from worker.engines.vllm.gpu_share import device_memory, gpu_utilization
-from worker.engines.vllm.options import dtype, llm_args, render_threads
+from worker.engines.vllm.gauges import Gauges, kv_blocks, kv_tokens
+from worker.engines.vllm.kv_gate import KvGate
+from worker.engines.vllm.options import dtype, llm_args, render_threads, sized_llm_args
 from worker.engines.vllm.render_ahead import RenderAhead, one_torch_thread
 from worker.engines.vllm.stepper import EngineDead, Gen, Stepper
+from worker.engines.vllm.warmup import RendererWarmup
 from worker.engines.weights import weights_revision
 from worker.memory.costs import ModelProfile
 
@@ -48,10 +49,13 @@ class VllmEngine:
     """``Engine`` on an in-process ``vllm.LLM``; construct with the ``engine`` settings section.
 
     ``settings.extra``: ``hunyuan_version`` ("1.5"), ``vllm`` (extra ``vllm.LLM`` keyword
-    arguments, e.g. ``{"kv_cache_memory_bytes": 268435456}`` on CPU), ``ignore_eos`` (tests).
+    arguments, e.g. ``{"kv_cache_memory_bytes": 268435456}`` on CPU), ``ignore_eos`` (tests),
+    ``kv_gate`` (false: every request goes to vLLM's scheduler at once, ``worker.engines.vllm.kv_gate``).
     """
 
     name = "vllm"
+    #: render one page while the engine core builds (False: the herd test's unfixed engine)
+    warm_renderer = True
 
     def __init__(self, settings: EngineSettings) -> None:
         if settings.model_dir is None:
@@ -66,6 +70,8 @@ class VllmEngine:
         self.start_seconds: float | None = None
         #: the last build's phases (seconds): vLLM's own (startup) plus ours around ``LLM()``
         self.start_phases: dict[str, float] = {}
+        #: which of them ran beside ``LLM()`` rather than after it
+        self.start_beside: dict[str, float] = {}
         #: tokens vLLM's KV cache holds (known once built): what admission control plans against
         self.kv_capacity_tokens: int | None = None
         #: micro-batches the engine loop may run at once: they share vLLM's continuous batching
@@ -84,6 +90,11 @@ class VllmEngine:
         self._renders_lock = threading.Lock()
         self._stepper: Stepper | None = None
         self._gauges = Gauges()
+        self._gate: KvGate | None = None
+        #: work of the worker's own to run while vLLM's engine core builds (after the renderer's
+        #: warm-up, in its thread; skipped if the core is ready first): the worker's first
+        #: garbage collection and freeze (``worker.context``)
+        self.while_building: list[Callable[[], None]] = []
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -127,64 +138,83 @@ class VllmEngine:
         return llm_args(self.settings, self.model_dir)
 
     def _build(self) -> None:
-        import torch
+        t0 = time.perf_counter()
         from vllm import LLM
 
-        args = self.engine_args()
-        self._on_cuda = torch.cuda.is_available()
-        if self._on_cuda:
-            total, free = device_memory()
-            if "gpu_memory_utilization" not in args:
-                requested = self.settings.gpu_memory_utilization
-                if self.settings.memory_cap_bytes:
-                    requested = min(requested, self.settings.memory_cap_bytes / total)
-                args["gpu_memory_utilization"] = gpu_utilization(requested, total, free)
-            self.capacity_bytes = int(args["gpu_memory_utilization"] * total)
-            if self.settings.cuda_alloc_conf:  # read by the engine core process vLLM starts
-                os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", self.settings.cuda_alloc_conf)
-        # read per call by the plugin's tower forward, in this process and in vLLM's core
-        os.environ[vision.ENV] = str(self.settings.vision_group_patches)
-        if self.settings.compile_cache_dir is not None:  # read by the engine core process too
-            os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(self.settings.compile_cache_dir).resolve()))
+        args, self.capacity_bytes, self._on_cuda = sized_llm_args(self.settings, self.model_dir)
         phase_log = Path(tempfile.mkstemp(prefix="ocrq-vllm-start-", suffix=".jsonl")[1])
         os.environ[startup.ENV] = str(phase_log)  # inherited by the engine core process
         startup.install_from_env()
-        t0 = time.perf_counter()
-        try:
-            self._llm = LLM(**args)
-        finally:
-            os.environ.pop(startup.ENV, None)
-        self.start_seconds = time.perf_counter() - t0
-        self.builds += 1
-        phases = {"llm": round(self.start_seconds, 3), **startup.read(phase_log)}
-        phase_log.unlink(missing_ok=True)
+        warm = RendererWarmup(self._warm_render, also=self._load_tokenizer, beside=self.while_building)
         t1 = time.perf_counter()
+        try:
+            with compat.renderer_built(warm.begin if self.warm_renderer else lambda *_: None):
+                self._llm = llm = LLM(**args)
+        except BaseException:
+            warm.cancel()
+            raise
+        finally:
+            warm.built()
+            os.environ.pop(startup.ENV, None)
+        self.start_seconds = time.perf_counter() - t1
+        self.builds += 1
+        phases = {"import": round(t1 - t0, 3), "llm": round(self.start_seconds, 3), **startup.read(phase_log)}
+        phase_log.unlink(missing_ok=True)
+        waited = warm.finish(lambda: self._render(llm, self._warm_request()) if self.warm_renderer else None)
+        phases.update(renderer_warm=round(warm.render_s or 0.0, 3), tokenizer=round(warm.also_s or 0.0, 3),
+                      after_llm=round(waited, 3))
+        # what ran beside ``llm`` (import, llm and after_llm follow one another)
+        self.start_beside = {"renderer_warm": phases["renderer_warm"], "tokenizer": phases["tokenizer"]} \
+            if warm.overlapped else {}
+        if warm.beside_s is not None:
+            self.start_beside["while_building"] = round(warm.beside_s, 3)
+        sized = kv_blocks(llm) if self.settings.extra.get("kv_gate", True) else None
+        self._gate = None if sized is None else KvGate(*sized)
+        self._stepper = Stepper(llm.llm_engine, self._lock, self.settings.repetition_stop, self._after_step,
+                                gate=self._gate)
+        self.kv_capacity_tokens = kv_tokens(llm)
+        self.start_phases = phases
+        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens%s, renderer warmed in "
+                 "%.2fs %s the build)", self.model_dir.name, self.start_seconds, self.builds,
+                 args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens,
+                 ", gated" if self._gate is not None else ", ungated", warm.render_s or 0.0,
+                 "beside" if warm.overlapped else "after")
+
+    @property
+    def kv_gated(self) -> bool:
+        """Whether requests enter vLLM through this engine's KV gate (``worker.engines.vllm.kv_gate``):
+        the governor may then book more than the cache holds, the gate keeps vLLM from preempting."""
+        return self._gate is not None
+
+    def _after_step(self) -> None:
+        self._gauges.read(self._llm)
+        gate, stepper = self._gate, self._stepper
+        if gate is not None and stepper is not None:
+            gate.observe(self._gauges.preemptions, expected=stepper.mixed_priorities())
+
+    def _load_tokenizer(self) -> None:
         if self._tokenizer is None:  # decoding only, under its lock: not one of vLLM's pooled copies
             from transformers import AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        phases["tokenizer"] = round(time.perf_counter() - t1, 3)
-        self._stepper = Stepper(self._llm.llm_engine, self._lock, self.settings.repetition_stop,
-                               lambda: self._gauges.read(self._llm))
-        self.kv_capacity_tokens = kv_tokens(self._llm)
-        warm_s = self._warm_renderer()
-        phases["renderer_warm"] = round(warm_s, 3)
-        self.start_phases = phases
-        log.info("vLLM engine %s built in %.1fs (build %d, utilization %s, KV cache %s tokens, renderer warmed in "
-                 "%.2fs)", self.model_dir.name, self.start_seconds, self.builds,
-                 args.get("gpu_memory_utilization", "-"), self.kv_capacity_tokens, warm_s)
 
-    def _warm_renderer(self) -> float:
-        """Render one page here, before any render thread does: vLLM builds its HF processors
+    @staticmethod
+    def _warm_request() -> OcrRequest:
+        """The page rendered once before any render thread does: vLLM builds its HF processors
         lazily, behind ``lru_cache``s that do not hold concurrent misses back, so the render threads
         of a fresh engine each built their own processors (and tokenizer copies) for every cache key
         at once. On the H200 a worker's first job ran at 2.2 img/s, ~93 % of its GIL samples inside
-        ``get_processor`` (docs/bench/gpu-vllm.md). Returns the seconds it took."""
+        ``get_processor`` (docs/bench/gpu-vllm.md). ``worker.engines.vllm.warmup`` renders it while
+        the engine core builds."""
         from PIL import Image
 
-        t0 = time.perf_counter()
-        self._render(self._llm, OcrRequest(key="warm-up", image=Image.new("RGB", (64, 64), "white")))
-        return time.perf_counter() - t0
+        return OcrRequest(key="warm-up", image=Image.new("RGB", (64, 64), "white"))
+
+    def _warm_render(self, renderer: Any, model_config: Any) -> None:
+        """The warm-up page rendered with the renderer alone, while ``LLM()`` builds."""
+        request = self._warm_request()
+        compat.render_chat(renderer, model_config, image_messages(request, self.version,
+                                                                  {"type": "image_pil", "image_pil": request.image}))
 
     def _teardown(self) -> None:
         llm, self._llm, self._stepper = self._llm, None, None
@@ -332,7 +362,10 @@ class VllmEngine:
                 sp = params[i]
                 sp.output_kind = RequestOutputKind.DELTA  # see tokens as they come (repetition)
                 rid = f"ocrq-{next(self._ids)}"
-                mine[rid] = Gen(index=i, k=sp.logprobs or 0, watch=watch)
+                prompt = compat.prompt_length(engine_input)
+                mine[rid] = Gen(index=i, k=sp.logprobs or 0, watch=watch, max_tokens=int(sp.max_tokens or 0),
+                                # unknown: planned as long as the context allows (never under-planned)
+                                prompt_tokens=self.settings.max_model_len if prompt is None else prompt)
                 urgency = batch[i].priority if self.settings.scheduling == "priority" else 0
                 stepper.add(rid, engine_input, sp, mine[rid], priority=urgency)
             stepper.run(mine)

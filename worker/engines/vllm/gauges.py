@@ -11,7 +11,7 @@ from typing import Any
 
 from worker.engines.base import MemorySample
 
-__all__ = ["METRICS_EVERY_S", "Gauges", "kv_tokens"]
+__all__ = ["METRICS_EVERY_S", "Gauges", "kv_blocks", "kv_tokens"]
 
 #: how often the vLLM gauges are read while a batch runs (REGISTRY.collect walks every metric)
 METRICS_EVERY_S = 0.25
@@ -65,15 +65,26 @@ class Gauges:
     def reset_peak(self) -> None:
         self._peak = _Reading(kv_usage=self._now.kv_usage, waiting=self._now.waiting)
 
+    @property
+    def preemptions(self) -> int | None:
+        """vLLM's cumulative preemptions at the last reading."""
+        return self._now.preemptions
 
-def kv_tokens(llm: Any) -> int | None:
-    """KV-cache capacity in tokens (blocks × block size) as the engine core sized it."""
+
+def kv_blocks(llm: Any) -> tuple[int, int] | None:
+    """(blocks, tokens a block holds) of the KV cache as the engine core sized it."""
     try:
         cache = llm.llm_engine.vllm_config.cache_config
         blocks = cache.num_gpu_blocks
-        return int(blocks) * int(cache.block_size) if blocks else None
+        return (int(blocks), int(cache.block_size)) if blocks else None
     except Exception:  # older/newer config layout: admission falls back to the byte model
         return None
+
+
+def kv_tokens(llm: Any) -> int | None:
+    """KV-cache capacity in tokens (blocks × block size) as the engine core sized it."""
+    sized = kv_blocks(llm)
+    return None if sized is None else sized[0] * sized[1]
 
 
 def _max(a: float | None, b: float | None) -> float | None:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ocrq.settings import EngineSettings
-from worker.engines.vllm import compat, encoder_graphs
+from worker.engines.vllm import compat, encoder_graphs, vision
+from worker.engines.vllm.gpu_share import device_memory, gpu_utilization
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +81,28 @@ def llm_args(settings: EngineSettings, model_dir: Path) -> dict[str, Any]:
     args.update(dict(s.extra.get("vllm", {})))
     return args
 
+
+
+def sized_llm_args(settings: EngineSettings, model_dir: Path) -> tuple[dict[str, Any], int | None, bool]:
+    """(``llm_args`` with the GPU share sized from what the device has free, the bytes vLLM may
+    claim (None on a CPU), whether CUDA is there); sets the environment vLLM's processes read."""
+    import torch
+
+    args = llm_args(settings, model_dir)
+    on_cuda = torch.cuda.is_available()
+    capacity: int | None = None
+    if on_cuda:
+        total, free = device_memory()
+        if "gpu_memory_utilization" not in args:
+            requested = settings.gpu_memory_utilization
+            if settings.memory_cap_bytes:
+                requested = min(requested, settings.memory_cap_bytes / total)
+            args["gpu_memory_utilization"] = gpu_utilization(requested, total, free)
+        capacity = int(args["gpu_memory_utilization"] * total)
+        if settings.cuda_alloc_conf:  # read by the engine core process vLLM starts
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", settings.cuda_alloc_conf)
+    # read per call by the plugin's tower forward, in this process and in vLLM's core
+    os.environ[vision.ENV] = str(settings.vision_group_patches)
+    if settings.compile_cache_dir is not None:  # read by the engine core process too
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(settings.compile_cache_dir).resolve()))
+    return args, capacity, on_cuda

@@ -94,7 +94,7 @@ def register() -> None:
     if applied:
         log.info("ocrq vLLM plugin (%s): applied %s", family, ", ".join(applied))
     if not family.known:
-        log.warning("ocrq vLLM plugin: %s is not a supported vLLM (0.26, 0.32 CPU, 0.33 CUDA); no fix applied. "
+        log.warning("ocrq vLLM plugin: %s is not a supported vLLM (0.26, 0.32 CPU, 0.33-0.34 CUDA); no fix applied. "
                     "Run the vllm test tier and the batch-invariance test before trusting it (docs/gpu.md)", family)
     elif not family.verified:
         log.warning("ocrq vLLM plugin: %s has not run ocrq's vLLM tests; its fixes are those planned for it "
