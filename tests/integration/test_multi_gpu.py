@@ -227,7 +227,7 @@ def test_a_gpus_second_engine_starts_once_its_first_is_ready(redis_url: str, red
         status = stack.up(wait=180, workers=plans)
         # Then the second engine was spawned only after the first had published its state, with
         # half the utilization, and both are up
-        assert spawned == {"worker-gpu0": False, "worker-gpu0.1": True, "flower": True}, spawned
+        assert spawned == {"worker-gpu0": False, "worker-gpu0.1": True, "flower": True, "api": True}, spawned
         assert "OCRQ_ENGINE__GPU_MEMORY_UTILIZATION=0.425" in " ".join(f"{k}={v}" for k, v in plans[1].env.items())
         assert {"worker-gpu0", "worker-gpu0.1"} <= set(status), status
         assert redis_client.exists(keys.worker_state(f"gpu0.1@{host}"))
