@@ -12,7 +12,10 @@
    latency), read back whole by ``ocrq results JOB --out F`` and by ``curl`` from
    ``GET /v1/jobs/{id}/results``: lines a second of each and their ratio.
 
-    python -m bench api [--refs 1000000] [--results-images 20000] [--out docs/bench/api.md]
+4. **pages**: the jobs pages' own cost (``GET /`` and ``/jobs/{id}`` with 10,000 jobs in the
+   index): ``bench.pages``, run by the same command, writes docs/bench/pages.md.
+
+    python -m bench api [--refs 1000000] [--results-images 20000] [--out docs/bench/api.md] [--no-pages]
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ def report(out: dict[str, Any], args: argparse.Namespace) -> str:
         "closed-loop (each client sends again the moment it is answered), so its latency is mostly waiting "
         "in line: 50 clients over the requests a second the server answers. On a machine busy with other "
         "work the tails grow with the load (a run at load average 7 gave p99 48 ms for the pollers).\n\n"
+        "The jobs pages' own cost (`GET /` and `/jobs/{id}` with 10,000 jobs in the index), measured by the "
+        "same command: [pages.md](pages.md).\n\n"
         f"```json\n{json.dumps(out, indent=1)}\n```\n")
 
 
@@ -167,6 +172,7 @@ def main() -> None:
     ap.add_argument("--refs", type=int, default=1_000_000)
     ap.add_argument("--results-images", type=int, default=20_000)
     ap.add_argument("--out", type=Path, default=Path("docs/bench/api.md"))
+    ap.add_argument("--no-pages", action="store_true", help="leave out the jobs pages' rows (bench.pages)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ocrq-bench-api-") as tmp:
         root = Path(tmp)
@@ -200,6 +206,9 @@ def main() -> None:
             redis_proc.terminate()
     args.out.write_text(report(out, args))
     print(f"wrote {args.out}")
+    if not args.no_pages:  # the jobs pages: GET / and /jobs/{id} with 10,000 jobs (docs/bench/pages.md)
+        subprocess.run([sys.executable, "-m", "bench.pages", "--jobs", "10000",
+                        "--out", str(args.out.with_name("pages.md"))], check=True)
 
 
 if __name__ == "__main__":
