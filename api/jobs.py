@@ -22,9 +22,9 @@ from api.views import STATES, job_views
 from api.webhooks import check_url
 from ocrq import keys, names
 from ocrq.failed import registered
-from ocrq.intake import Uploaded
 from ocrq.results import json_line
 from producer.errors import Conflict, UnknownJob
+from producer.intake import Uploaded
 from producer.progress import job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

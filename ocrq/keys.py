@@ -131,7 +131,7 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}inputs/{job}/{sha256}           an inline image (a ``data:`` URI of an OpenAI Batch line)
                                             of one job, content-addressed within it, submitted as
                                             ``store:inputs/{job}/{sha256}``; a worker reads it only for
-                                            a chunk of that job (``ocrq.inline_images``, ``ocrq.fetch``)
+                                            a chunk of that job (``producer.inline_images``, ``ocrq.net.fetch``)
     {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
@@ -432,8 +432,8 @@ def uploaded_file(tenant: str, file_id: str) -> str:
 
 
 def inline_input(job_name: str, content_sha256: str) -> str:
-    """An inline image's bytes, of job ``job_name`` (``ocrq.inline_images``): a ``store:`` ref
-    names this path, and only that job's chunks may read it (``ocrq.fetch``)."""
+    """An inline image's bytes, of job ``job_name`` (``producer.inline_images``): a ``store:`` ref
+    names this path, and only that job's chunks may read it (``ocrq.net.fetch``)."""
     return f"inputs/{job_name}/{content_sha256}"
 
 

@@ -6,7 +6,7 @@
     errors.jsonl  {"id", "custom_id", "response": {"status_code": 400|500, "request_id",
                    "body": null}, "error": {"code", "message"[, "line"]}}
                   one line per image failed (code: its error type) and per input line that could
-                  not run (``ocrq.openai_requests``; ``line``: its 1-based line number)
+                  not run (``producer.openai_requests``; ``line``: its 1-based line number)
 
 As OpenAI's files do, every ``custom_id`` is in exactly one of the two. The body is a chat
 completion whose message content is the OCR text (pages joined by ``\\n\\f\\n``), its ``model`` the

@@ -5,7 +5,7 @@
     job.wait()
     for result in job.results(): ...
 
-Submitting first plans the intake (``ocrq.intake``): every file found is accepted, skipped (by the
+Submitting first plans the intake (``producer.intake``): every file found is accepted, skipped (by the
 documented rule) or refused, and a submission with any refused ref publishes nothing. Then it
 reads the accepted refs (spooled on disk: millions are fine) twice: it records each image as
 ``queued`` in the job index, then publishes chunks of ``queue.chunk_size`` refs per message. Image ids derive
@@ -27,7 +27,6 @@ from ocrq.capabilities import refusal
 from ocrq.export import invalidate, request_export
 from ocrq.export import results as export_results
 from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
-from ocrq.intake import IntakePlan, Uploaded, plan_intake
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
     FINISH_JOB_TASK,
@@ -53,6 +52,7 @@ from producer.errors import (
     UnsupportedTask,
     unreachable,
 )
+from producer.intake import IntakePlan, Uploaded, plan_intake
 from producer.job import Job
 
 __all__ = ["BrokerFull", "Client", "SubmissionRefused", "UnknownJob"]
@@ -148,7 +148,7 @@ class Client:
         live workers report, else the current directory. Local refs must also lie inside a live
         worker's roots, so the producer never publishes what every worker would refuse.
         ``limits``: other rules than the settings' (a tenant's, through the API); ``uploaded``: a
-        manifest the caller sent (``ocrq.intake.Uploaded``)."""
+        manifest the caller sent (``producer.intake.Uploaded``)."""
         limits = limits if limits is not None else self.settings.limits
         workers = self.worker_roots()
         if not limits.allowed_roots and workers:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from ocrq import keys
 from ocrq.export import results as export_results
-from ocrq.intake import IntakePlan
 from ocrq.jobs import JobIndex, finished
 from ocrq.results import ImageRecord, ImageResult
 from ocrq.storage import ResultStore
 from producer.errors import UnknownJob
+from producer.intake import IntakePlan
 
 __all__ = ["Job", "JobSource", "UnknownJob"]
 

@@ -4,8 +4,8 @@
     handle = submit_batch(client, batch, job="invoices")            # its accepted lines, one image each
     write_files(client, "invoices", Path("out/"), follow=True)      # out/output.jsonl, errors.jsonl, _SUCCESS
 
-Each line is parsed (``ocrq.openai_requests``); its image becomes a ref (a ``data:`` URI written
-once to the store, ``ocrq.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
+Each line is parsed (``producer.openai_requests``); its image becomes a ref (a ``data:`` URI written
+once to the store, ``producer.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
 ``custom_id`` the image's manifest row, its task and params the image's own. A line that cannot
 run gets an error line (``ocrq.openai_responses.rejected_line``) written to the store before
 anything is published; the others run. The accepted lines are one submission (``Client.submit``),
@@ -29,12 +29,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ocrq import keys, names
 from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
-from ocrq.fetch import fetch
-from ocrq.inline_images import InlineImages, is_data_uri
-from ocrq.intake import IntakePlan, check_ref
 from ocrq.jobs import finished
-from ocrq.lines import LongLine, capped_lines
-from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
+from ocrq.net.fetch import fetch
 from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
 from ocrq.results import json_line
@@ -42,7 +38,11 @@ from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 from producer.client import Client
 from producer.errors import InvalidName, UnsupportedTask
+from producer.inline_images import InlineImages, is_data_uri
+from producer.intake import IntakePlan, check_ref
 from producer.job import Job
+from producer.lines import LongLine, capped_lines
+from producer.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
 MAX_URL_FILE_BYTES = 200 * 1024 * 1024
@@ -71,7 +71,7 @@ def read_lines(client: Client, source: str, cap: int = MAX_URL_FILE_BYTES,
                digest: Any | None = None) -> tuple[Iterator[bytes | LongLine], Path | str | None]:
     """The lines of ``source`` (a path, ``s3://bucket/key`` or an http(s) URL) and where a relative
     image path in it resolves (the file's directory, or its S3 "folder"). A line over ``cap``
-    bytes is a ``LongLine``, read through, never held (``ocrq.lines``); ``digest`` (hashlib) is
+    bytes is a ``LongLine``, read through, never held (``producer.lines``); ``digest`` (hashlib) is
     fed every byte of the file."""
     if source.startswith("s3://"):
         ref = parse(source, client.settings.limits)

@@ -141,7 +141,7 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 st["prefetch"] = prefetch
                 st["gc"] = gcwatch.snapshot()
                 st["start"] = ctx.startup.state()  # where the worker's start went (worker.startup)
-                # producers check local refs against these before publishing (ocrq.intake)
+                # producers check local refs against these before publishing (producer.intake)
                 st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
                 st["store"] = ctx.store.location  # and read results from where workers write them
                 # what its engine honours, and where: producers refuse a task no live worker of

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ocrq import keys
-from ocrq.fetch import fetch
 from ocrq.messages import Chunk, Item
+from ocrq.net.fetch import fetch
 from ocrq.refs import is_local
 from ocrq.results import OcrOutput
 from worker.context import WorkerContext

@@ -12,7 +12,7 @@ import pytest
 from botocore.stub import Stubber
 
 from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
 from ocrq.storage import S3Store
 

@@ -8,7 +8,7 @@ an open cannot point the read outside the roots, and no ``realpath`` walk (an ``
 component, in Python) is paid per image. Elsewhere: ``realpath``, check, then open.
 
 S3 objects and HTTP(S) URLs are streamed and cut at ``limits.max_bytes``; a ``store:`` ref (an
-inline image ocrq wrote, ``ocrq.inline_images``) is read from the result store, capped the same. Missing →
+inline image ocrq wrote, ``producer.inline_images``) is read from the result store, capped the same. Missing →
 MissingObject (a host name that does not exist → HostNotFound), refused → RefusedRef, too big →
 TooLarge, unreachable/5xx/throttled/DNS down → StorageUnavailable (retryable).
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import stat
 import time
 import urllib.error
@@ -29,19 +28,13 @@ from urllib.parse import urlsplit
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ocrq.addresses import is_public
-from ocrq.deadline import Deadline
-from ocrq.errors import HostNotFound, MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
+from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable, TooLarge
+from ocrq.net.deadline import Deadline
+from ocrq.net.pinned import PinnedHTTP, PinnedHTTPS
 from ocrq.redact import redact_url
 from ocrq.refs import _CHUNK, Ref, confine, parse
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
-
-#: getaddrinfo's "no such name" answers (EAI_NODATA is not defined everywhere)
-_NO_SUCH_HOST = frozenset(
-    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
-)
-
 
 #: where Linux shows what a descriptor resolves to (None: not available, realpath instead)
 _FD_DIR = "/proc/self/fd" if hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd") else None
@@ -157,7 +150,7 @@ def _fetch_s3(s3: Any, ref: Ref, cap: int) -> bytes:
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
     """Counts redirects itself and refuses targets whose scheme is not allowed (every host is
-    checked when it is connected to, see ``_pinned``)."""
+    checked when it is connected to: ``ocrq.net.pinned``)."""
 
     max_repeats = max_redirections = 1 << 10  # our own count below is the limit
 
@@ -188,87 +181,9 @@ def _http_status_error(status: int, url: str) -> OcrqError:
     return RefusedRef(f"HTTP {status}: {url}")  # 401/403, other 4xx, redirects we did not follow
 
 
-def _public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
-    """Resolve ``host`` once; refuse it if any address is not public (unless allowed)."""
-    try:
-        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
-    except socket.gaierror as exc:
-        if exc.errno in _NO_SUCH_HOST:  # NXDOMAIN: retrying cannot make the name exist
-            raise HostNotFound(f"host does not resolve: {host}: {exc}") from exc
-        raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
-    addresses = [str(info[4][0]).split("%")[0] for info in infos]
-    if not limits.http_allow_private:
-        for text in addresses:  # (an IPv6 address is judged with the IPv4 ones it embeds too)
-            if not is_public(text):
-                raise RefusedRef(f"{host} resolves to a non-public address ({text})")
-    return list(dict.fromkeys(addresses))
-
-
-def _pinned(base: type[http.client.HTTPConnection], limits: LimitSettings, deadline: Deadline | None = None,
-            vet: bool = True) -> Any:
-    """``base`` whose socket goes to an address vetted by the same lookup that checked it: a
-    name that re-resolves between check and connect (DNS rebinding) cannot redirect the fetch to
-    an internal service. TLS still verifies the certificate against the host name. Every socket
-    it opens is watched by ``deadline`` (the TLS handshake included); ``vet=False``: through a
-    proxy, which resolves the name itself (the socket is still watched)."""
-
-    class Pinned(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._create_connection = self._connect_vetted
-
-        def _connect_vetted(self, address: tuple[str, int], timeout: Any, source_address: Any = None) -> socket.socket:
-            # http.client always passes its own timeout
-            host, port = address
-            error: OSError | None = None
-            for ip in _public_addresses(host, port, limits) if vet else [host]:
-                if deadline is not None:
-                    if deadline.remaining() <= 0:
-                        raise TimeoutError(f"no answer within http_timeout ({limits.http_timeout:g} s)")
-                    timeout = min(timeout, deadline.remaining())
-                try:
-                    sock = socket.create_connection((ip, port), timeout, source_address)
-                except OSError as exc:
-                    error = exc
-                    continue
-                if deadline is not None:
-                    deadline.watch(sock)
-                return sock
-            raise error or OSError(f"no address for {host}")
-
-    return Pinned
-
-
-def _direct(req: urllib.request.Request) -> bool:
-    """Whether urllib connects to the URL's host itself: through a proxy (plain or CONNECT
-    tunnel) the proxy resolves the name, and the check cannot be pinned here."""
-    return not req.has_proxy() and not getattr(req, "_tunnel_host", None)
-
-
-class _PinnedHTTP(urllib.request.HTTPHandler):
-    def __init__(self, limits: LimitSettings, deadline: Deadline | None = None) -> None:
-        super().__init__()
-        self._conn = _pinned(http.client.HTTPConnection, limits, deadline)
-        self._proxied = _pinned(http.client.HTTPConnection, limits, deadline, vet=False)
-
-    def http_open(self, req: urllib.request.Request) -> Any:
-        return self.do_open(self._conn if _direct(req) else self._proxied, req)
-
-
-class _PinnedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, limits: LimitSettings, deadline: Deadline | None = None) -> None:
-        super().__init__()
-        self._conn = _pinned(http.client.HTTPSConnection, limits, deadline)
-        self._proxied = _pinned(http.client.HTTPSConnection, limits, deadline, vet=False)
-
-    def https_open(self, req: urllib.request.Request) -> Any:
-        cls = self._conn if _direct(req) else self._proxied
-        return self.do_open(cls, req, context=getattr(self, "_context", None))
-
-
 def _fetch_http(url: str, limits: LimitSettings) -> bytes:
     """One deadline, ``limits.http_timeout``, for the whole fetch: connect (every redirect's),
-    TLS handshake, headers and body (``ocrq.deadline``), so a server that drips bytes cannot hold
+    TLS handshake, headers and body (``ocrq.net.deadline``), so a server that drips bytes cannot hold
     a fetch thread past it; a body shorter than its Content-Length is an error, not an image."""
     with Deadline(limits.http_timeout) as deadline:
         try:
@@ -291,8 +206,8 @@ def _fetch_http_within(url: str, limits: LimitSettings, deadline: Deadline) -> b
     # every connection (redirects included) resolves its host once, refuses non-public addresses
     # unless limits.http_allow_private, and connects to one of the addresses it checked
     opener = urllib.request.build_opener(
-        _Redirects(limits.http_max_redirects, schemes), _PinnedHTTP(limits, deadline),
-        _PinnedHTTPS(limits, deadline),
+        _Redirects(limits.http_max_redirects, schemes), PinnedHTTP(limits, deadline),
+        PinnedHTTPS(limits, deadline),
     )
     request = urllib.request.Request(url, headers={"User-Agent": "ocrq"})
     try:

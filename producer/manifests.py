@@ -1,5 +1,5 @@
 """Manifests: the lines of a ``.jsonl`` or ``.csv`` file (local or on S3), streamed, as
-(line number, ref, row) — what ``ocrq.expand`` expands a manifest into.
+(line number, ref, row) — what ``producer.expand`` expands a manifest into.
 
 * JSONL: one JSON object per line with a ``ref``/``path``/``url``/``uri`` field (the first one
   present), or a bare JSON string. The object's other fields are the row.
@@ -8,7 +8,7 @@
 
 A line without a usable ref comes back as ``ref=None`` (the caller refuses it, naming the line);
 a line over ``MAX_LINE_BYTES`` as a ``LongLine`` (its length: it is read through in blocks, never
-held, ``ocrq.lines``); blank lines are ignored. A manifest that cannot be read raises its typed error: missing →
+held, ``producer.lines``); blank lines are ignored. A manifest that cannot be read raises its typed error: missing →
 MissingObject, not readable / S3 refused → RefusedRef, I/O or S3 down → StorageUnavailable
 (S3 answers through ``ocrq.s3errors``).
 """
@@ -24,13 +24,10 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable
-from ocrq.lines import LongLine, text_lines
 from ocrq.s3errors import s3_error
+from producer.lines import LongLine, text_lines
 
-MANIFEST_EXTENSIONS = frozenset({".jsonl", ".csv"})
 REF_FIELDS = ("ref", "path", "url", "uri")
-#: a manifest row's extra columns (JSON) above this are refused: they travel in every message
-MAX_ROW_BYTES = 16 * 1024
 #: a manifest line above this is refused unread (a ref of 8,192 characters and a row of
 #: MAX_ROW_BYTES fit, with room for JSON's escapes)
 MAX_LINE_BYTES = 64 * 1024

@@ -37,10 +37,10 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from ocrq.errors import OcrqError, StorageUnavailable
-from ocrq.expand import Entry, expand_entries, expand_uploaded
-from ocrq.fetch import _public_addresses
+from ocrq.net.addresses import public_addresses
 from ocrq.redact import redact_message, shown_ref
 from ocrq.settings import LimitSettings
+from producer.expand import Entry, expand_entries, expand_uploaded
 
 #: skipped/refused entries kept for display (all are counted)
 SAMPLE = 200
@@ -231,7 +231,7 @@ def _check_local(path: str, worker_roots: list[Path]) -> str | None:
 
 def _check_host(host: str, port: int, limits: LimitSettings) -> str | None:
     try:
-        _public_addresses(host, port, limits)
+        public_addresses(host, port, limits)
     except StorageUnavailable:  # DNS down, timeouts: not the URL's fault; the worker retries
         return None
     except OcrqError as exc:  # HostNotFound, a non-public address: the URL cannot work

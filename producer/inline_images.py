@@ -3,7 +3,7 @@
 The bytes are written once to the result store under ``keys.inline_input(job, sha256)`` (content
 addressed within the job: the same image in many lines, or in the file submitted again, is one
 object) and submitted as ``store:inputs/{job}/{sha256}``; workers read it from the store like any
-other ref, under ``limits.max_bytes``, and only for a chunk of that job (``ocrq.fetch``): a line
+other ref, under ``limits.max_bytes``, and only for a chunk of that job (``ocrq.net.fetch``): a line
 of another job (another tenant's) that names the ref is refused, whatever it knows of the hash.
 The size cap is applied to the URI's text before anything is decoded: an oversized URI costs no
 decode and no memory beyond its line.
@@ -19,9 +19,9 @@ from urllib.parse import unquote_to_bytes
 
 from ocrq import keys
 from ocrq.errors import TooLarge
-from ocrq.openai_requests import InvalidLine
 from ocrq.refs import STORE_SCHEME
 from ocrq.storage import ResultStore
+from producer.openai_requests import InvalidLine
 
 _WHITESPACE = re.compile(rb"\s+")
 

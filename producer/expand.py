@@ -9,7 +9,7 @@
   with the same rule for hidden path components and manifests; "folder" marker keys ending in
   ``/`` are not objects.
 * a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line (formats:
-  ``ocrq.manifests``). A row's other fields (``id``, ``metadata``, any column) travel with its
+  ``producer.manifests``). A row's other fields (``id``, ``metadata``, any column) travel with its
   ref into the result, unchanged. Relative entries resolve against the manifest's own directory
   (or S3 "directory"); entries may themselves be directories, prefixes or manifests (nesting is
   capped).
@@ -18,7 +18,7 @@ Each reference is parsed and confined by ``ocrq.refs``. Nothing is silently lost
 found is an ``Entry`` — a ref, skipped (with the rule that skipped it), or refused (malformed,
 scheme, outside the allowed roots, bucket not allowed, unreadable directory, a manifest line
 without a usable ref). Producers refuse a submission with any refused entry before publishing
-anything (``ocrq.intake``). A container that cannot be read at all (missing manifest or bucket,
+anything (``producer.intake``). A container that cannot be read at all (missing manifest or bucket,
 S3 down) raises its typed error instead.
 """
 
@@ -34,12 +34,13 @@ from typing import Any, Literal
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ocrq.errors import RefusedRef
-from ocrq.lines import LongLine
-from ocrq.manifests import MANIFEST_EXTENSIONS, MAX_LINE_BYTES, MAX_ROW_BYTES, local_lines, manifest_rows, s3_lines
+from ocrq.messages import MAX_ROW_BYTES
 from ocrq.redact import redact_text, shown_ref
-from ocrq.refs import BAD_REF_PREFIX, parse, suffix
+from ocrq.refs import BAD_REF_PREFIX, MANIFEST_EXTENSIONS, parse, suffix
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
+from producer.lines import LongLine
+from producer.manifests import MAX_LINE_BYTES, local_lines, manifest_rows, s3_lines
 
 #: a manifest may list manifests this deep (also stops a manifest that lists itself)
 MAX_MANIFEST_DEPTH = 3

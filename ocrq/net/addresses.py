@@ -13,11 +13,20 @@ address it embeds.
 from __future__ import annotations
 
 import ipaddress
+import socket
+
+from ocrq.errors import HostNotFound, RefusedRef, StorageUnavailable
+from ocrq.settings import LimitSettings
 
 _COMPATIBLE = ipaddress.ip_network("::/96")
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: getaddrinfo's "no such name" answers (EAI_NODATA is not defined everywhere)
+_NO_SUCH_HOST = frozenset(
+    code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None)) if code is not None
+)
 
 
 def embedded_ipv4(addr: Address) -> list[ipaddress.IPv4Address]:
@@ -43,3 +52,19 @@ def is_public(text: str) -> bool:
     """Whether a fetch may connect to the address ``text`` (scope ids ``%eth0`` ignored)."""
     addr = ipaddress.ip_address(text.split("%")[0])
     return addr.is_global and all(v4.is_global for v4 in embedded_ipv4(addr))
+
+
+def public_addresses(host: str, port: int, limits: LimitSettings) -> list[str]:
+    """Resolve ``host`` once; refuse it if any address is not public (unless allowed)."""
+    try:
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        if exc.errno in _NO_SUCH_HOST:  # NXDOMAIN: retrying cannot make the name exist
+            raise HostNotFound(f"host does not resolve: {host}: {exc}") from exc
+        raise StorageUnavailable(f"cannot resolve {host}: {exc}") from exc
+    addresses = [str(info[4][0]).split("%")[0] for info in infos]
+    if not limits.http_allow_private:
+        for text in addresses:  # (an IPv6 address is judged with the IPv4 ones it embeds too)
+            if not is_public(text):
+                raise RefusedRef(f"{host} resolves to a non-public address ({text})")
+    return list(dict.fromkeys(addresses))
