@@ -414,7 +414,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _embedded_redis_password(self) -> Settings:
-        # a Redis `ocrq up` started has the password it generated (ocrq.stack): a URL naming that
+        # a Redis `ocrq up` started has the password it generated (ocrq_cli.embedded.stack): a URL naming that
         # server without one takes it from {var_dir}/redis-auth (mode 0600), so every command run
         # beside the stack (or with OCRQ_VAR_DIR) reaches it, and none prints it
         for field in ("url", "cache_url"):
@@ -442,7 +442,7 @@ class Settings(BaseSettings):
 
 
 #: where ``ocrq up`` keeps the URLs (with their generated passwords) of the Redis servers it
-#: started, one a line, mode 0600 (ocrq.stack)
+#: started, one a line, mode 0600 (ocrq_cli.embedded.stack)
 REDIS_AUTH_FILE = "redis-auth"
 
 

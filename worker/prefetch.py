@@ -155,7 +155,7 @@ def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, con
                 mem = probe.read() if probe is not None else None
                 st["device_memory"] = {"used": mem.used, "total": mem.total} if mem is not None else None
                 # whose this worker is: `ocrq up` elsewhere refuses a second worker of this name
-                # on this Redis, `ocrq down` elsewhere points at this stack (ocrq.stack)
+                # on this Redis, `ocrq down` elsewhere points at this stack (ocrq_cli.embedded.stack)
                 st["process"] = {"host": socket.gethostname(), "pid": os.getpid(),
                                  "var_dir": str(ctx.settings.var_dir.resolve())}
                 key = keys.worker_state(self.hostname)

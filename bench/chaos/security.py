@@ -60,7 +60,7 @@ from ocrq.errors import TooLarge
 from ocrq.messages import OCR_CHUNK_TASK
 from ocrq.results import ImageRecord
 from ocrq.settings import Settings
-from ocrq.stack import redis_binary
+from ocrq_cli.embedded.stack import redis_binary
 from producer.client import Client, SubmissionRefused
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from ocrq.failed import registered
 from ocrq.metrics import queue_depth
-from ocrq.stack import stop_group
+from ocrq_cli.embedded.stack import stop_group
 from producer.client import Client
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env

@@ -1,4 +1,4 @@
-"""Redis failover under load: three real redis-server and three Sentinels (ocrq.ha_redis), real
+"""Redis failover under load: three real redis-server and three Sentinels (ocrq_cli.embedded.ha_redis), real
 `ocrq worker` processes on the Sentinel URL, the producer's client on it too.
 
 - a master killed (SIGKILL) mid-job: Sentinel promotes a replica, the workers follow it (a plain
@@ -36,9 +36,9 @@ import redis
 from redis.sentinel import Sentinel
 
 from ocrq import redis_conn
-from ocrq.ha_redis import HaRedis
 from ocrq.settings import RedisSettings
-from ocrq.stack import stop_group, wait_worker_state
+from ocrq_cli.embedded.ha_redis import HaRedis
+from ocrq_cli.embedded.stack import stop_group, wait_worker_state
 from producer.client import Client
 from tests.conftest import _need, _redis_binary, free_port
 from tests.fixtures.images import word_images

@@ -121,7 +121,7 @@ def test_nxdomain_is_host_not_found_and_other_dns_failures_stay_retryable(monkey
 
 def test_the_embedded_worker_gets_absolute_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ocrq.settings import Settings
-    from ocrq.stack import Stack
+    from ocrq_cli.embedded.stack import Stack
 
     monkeypatch.chdir(tmp_path)
     assert Stack(Settings(), allow=[Path("scans"), tmp_path]).roots == [str(tmp_path.resolve()),

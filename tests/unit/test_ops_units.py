@@ -14,7 +14,7 @@ from ocrq.failed import parse_since
 from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings
-from ocrq.stack import Stack, flower_argv
+from ocrq_cli.embedded.stack import Stack, flower_argv
 from worker.chunk_report import ChunkReport
 from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
@@ -87,7 +87,7 @@ def test_worker_metrics_names_and_labels() -> None:
 
 
 def test_a_generated_redis_password_is_private_and_found_only_for_its_server(tmp_path: Path) -> None:
-    from ocrq.embedded_redis import with_password, write_conf
+    from ocrq_cli.embedded.redis_servers import with_password, write_conf
 
     var = tmp_path / "var"
     url = with_password(var, "redis://127.0.0.1:6390/0")

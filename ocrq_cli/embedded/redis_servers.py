@@ -1,4 +1,4 @@
-"""What a Redis server started by the embedded stack (``ocrq up``, ocrq.stack) is given: a
+"""What a Redis server started by the embedded stack (``ocrq up``, ocrq_cli.embedded.stack) is given: a
 password, and a configuration file that holds it.
 
 A URL without a password gets one generated (``secrets.token_urlsafe``), recorded with the URL,
