@@ -361,7 +361,7 @@ bytes: `ocrq/jobs.py`), the messages of at most `queue.window` (65,536) of its i
 workers are on. Once its export is written the job is archived: the markers go, its meta and
 counts stay (`ocrq/keys.py` gives every key's bound). The store requests are per image on S3
 (moto's server counts what it serves): a first pass writes a cache entry per image and one
-result part per chunk of 64 (`ocrq/parts.py`), reads the store once per image for the cache
+result part per chunk of 64 (`ocrq/output/parts.py`), reads the store once per image for the cache
 (a miss), and the export and the read-back read the parts (one GET per chunk).
 """
 

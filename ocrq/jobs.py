@@ -8,7 +8,7 @@ a final ``done`` is never overwritten by a stale redelivery. Keys: see ``ocrq.ke
 A finished job leaves Redis (``archive``): once its export is written, its per-image records and
 failed registry are deleted; its meta and counts stay (``job_ttl``). Every final image's document
 is in the store (written before its record), so readers take a finished job from there
-(``ocrq.export.results``, ``ocrq.failed``). Per image, a finished job then keeps nothing in Redis.
+(``ocrq.output.export.results``, ``ocrq.failed``). Per image, a finished job then keeps nothing in Redis.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ocrq.scripts import PastMaxmemory
 # (the submission's shard is its feed: ocrq.feed); "p" queued in a message; "d{part}"/"c{part}"
 # done (engine / cache); "f{part}" failed; "x" cancelled (it never ran); running and retrying
 # images hold their ImageRecord JSON (``doc``). A final image's full record is its document, in
-# that part (ocrq.parts).
+# that part (ocrq.output.parts).
 # A cancelled job (its meta has ``cancelled``): what has not started never runs. A worker's
 # "running" (or "retrying", "queued") for an image that is not running turns it "x" and says 0
 # (the worker skips it); a running image's outcome stands, but a retry becomes "x"; a submit
@@ -182,7 +182,7 @@ return 1
 """
 
 # KEYS: job meta hash. ARGV: a new epoch (JSON), ttl. The job's epoch (kept if set) and its next
-# part number (ocrq.parts).
+# part number (ocrq.output.parts).
 _NEW_PART_LUA = """
 redis.call('HSETNX', KEYS[1], 'epoch', ARGV[1])
 local n = redis.call('HINCRBY', KEYS[1], 'parts', 1)

@@ -12,7 +12,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per job of the tenant; members older than job_ttl are trimmed at each create
     ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
                                      there), exports, skipped (+ sample), created, archived,
-                                     epoch and parts (the result parts' names: ocrq.parts),
+                                     epoch and parts (the result parts' names: ocrq.output.parts),
                                      cancelled (when), what the API keeps of a job (webhook
                                      URL, metadata, object: job or batch), engine:{kind} ->
                                      "cpu"|"gpu" per engine kind that ran it (ocrq.progress: what
@@ -113,7 +113,7 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
                                             (+ its own {task, params}: an OpenAI Batch line's);
                                             deleted when the job is archived
     {prefix}results/{job}/parts/{epoch}-{n}.jsonl  ImageResult lines: the final images of one
-                                            stored chunk (``ocrq.parts``); one PUT per chunk
+                                            stored chunk (``ocrq.output.parts``); one PUT per chunk
     {prefix}results/{job}/index.json        written at export: the parts that hold the job's
                                             current documents, and the lines in them that a later
                                             part replaced (an archived job is read through it)
@@ -136,7 +136,7 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
     {prefix}results/{job}/export/openai-batch/output.jsonl  the job's lines done, as OpenAI Batch
-                                            output (``ocrq.openai_responses``)
+                                            output (``ocrq.output.openai_responses``)
     {prefix}results/{job}/export/openai-batch/errors.jsonl  its lines failed or rejected, as the
                                             OpenAI Batch error file
     {prefix}results/{job}/export/openai-batch/_SUCCESS  written last, once every line is final
@@ -357,18 +357,18 @@ def refs_shard(job_name: str, submission: str, window: int) -> str:
 
 
 def result_object(job_name: str, image_id: str) -> str:
-    """One image's document as ocrq wrote it before result parts (still read: ``ocrq.parts``)."""
+    """One image's document as ocrq wrote it before result parts (still read: ``ocrq.output.parts``)."""
     return f"results/{job_name}/{image_id}.json"
 
 
 def result_part(job_name: str, epoch: str, n: int) -> str:
-    """The documents of the final images of one stored chunk (``ocrq.parts``): ``epoch`` is the
+    """The documents of the final images of one stored chunk (``ocrq.output.parts``): ``epoch`` is the
     job's (``ocrq:job:{job}`` ``epoch``, new when the job's meta is new), ``n`` its part counter."""
     return f"results/{job_name}/parts/{epoch}-{n:08d}.jsonl"
 
 
 def results_index(job_name: str) -> str:
-    """Which parts hold a finished job's current documents (``ocrq.parts``), written at export."""
+    """Which parts hold a finished job's current documents (``ocrq.output.parts``), written at export."""
     return f"results/{job_name}/index.json"
 
 

@@ -23,7 +23,7 @@ from rich.console import Console
 from ocrq import failed as registry
 from ocrq import keys, redis_conn
 from ocrq.jobs import JobIndex
-from ocrq.parts import document
+from ocrq.output.parts import document
 from ocrq.settings import Settings, load_settings
 from ocrq.storage import ResultStore, make_store
 

@@ -24,8 +24,6 @@ import redis
 
 from ocrq import keys, names, redis_conn
 from ocrq.capabilities import refusal
-from ocrq.export import invalidate, request_export
-from ocrq.export import results as export_results
 from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
 from ocrq.jobs import JobIndex
 from ocrq.messages import (
@@ -36,7 +34,9 @@ from ocrq.messages import (
     checked_message,
     message_bytes,
 )
-from ocrq.parts import read_index
+from ocrq.output.export import invalidate, request_export
+from ocrq.output.export import results as export_results
+from ocrq.output.parts import read_index
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text
 from ocrq.settings import LimitSettings, Settings
@@ -163,8 +163,8 @@ class Client:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
         the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
-        job's export at completion also has a Parquet file (ocrq.export); ``openai_batch``: and OpenAI
-        Batch output and error files (ocrq.openai_responses). The same submission
+        job's export at completion also has a Parquet file (ocrq.output.export); ``openai_batch``: and OpenAI
+        Batch output and error files (ocrq.output.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
         worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it.
         ``meta``: more of the job's meta (what the API keeps: its webhook, metadata)."""

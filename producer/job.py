@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.export import results as export_results
 from ocrq.jobs import JobIndex, finished
+from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult
 from ocrq.storage import ResultStore
 from producer.errors import UnknownJob

@@ -7,7 +7,7 @@
 Each line is parsed (``producer.openai_requests``); its image becomes a ref (a ``data:`` URI written
 once to the store, ``producer.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
 ``custom_id`` the image's manifest row, its task and params the image's own. A line that cannot
-run gets an error line (``ocrq.openai_responses.rejected_line``) written to the store before
+run gets an error line (``ocrq.output.openai_responses.rejected_line``) written to the store before
 anything is published; the others run. The accepted lines are one submission (``Client.submit``),
 identified by its content: the same file again is a no-op for lines already done, and resumes a
 submission a killed producer left half written.
@@ -31,7 +31,7 @@ from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
 from ocrq.jobs import finished
 from ocrq.net.fetch import fetch
-from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
+from ocrq.output.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
 from ocrq.results import json_line
 from ocrq.s3errors import s3_error

@@ -11,7 +11,7 @@ has not started runs (the record script turns it "x" when a worker meets it, the
 when its shard comes up, ``JobIndex.cancel_pending`` at once for the rest); the images running
 finish and are kept. When the last of them is final, the job's export is written with what
 finished, and its ``_SUCCESS`` says ``cancelled``; the cancelled images get documents there
-(``ocrq.export``), so a cancelled job archived reads whole and can be reprocessed.
+(``ocrq.output.export``), so a cancelled job archived reads whole and can be reprocessed.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.export import invalidate
-from ocrq.export import results as export_results
 from ocrq.failed import FailedImage, registered
 from ocrq.feed import WINDOW
 from ocrq.jobs import JobIndex, finished
 from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, chunk_groups, message_bytes
+from ocrq.output.export import invalidate
+from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
 from ocrq.storage import ResultStore

@@ -63,7 +63,7 @@ PART_TRIES = 64
 def store_documents(ctx: WorkerContext, chunk: Chunk, docs: list[ImageResult],
                     put: Callable[[list[tuple[str, Any]], Collection[str]], None]
                     ) -> tuple[int | None, list[tuple[str, Any]]]:
-    """Store a chunk's final images: one result part holding their documents (ocrq.parts; its
+    """Store a chunk's final images: one result part holding their documents (ocrq.output.parts; its
     number goes into their markers, returned) and, per failed image, the failed registry's durable
     mirror (losing Redis does not lose what failed); (the part's number, the writes stored).
     ``put(writes, new)`` writes them, ``new``

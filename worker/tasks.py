@@ -1,7 +1,7 @@
 """The chunk task: the life of a message, top to bottom.
 
     fetch + hash → cache check → decode (misses only) → plan batch + infer (engine loop) → store → ack
-    (→ the job's export, by whichever chunk finishes the job: ``finish_job``, ocrq.export)
+    (→ the job's export, by whichever chunk finishes the job: ``finish_job``, ocrq.output.export)
 
 ``process_chunk`` makes ONE attempt at every image of a chunk and reports per image (its steps:
 worker.chunk_steps; its records: worker.records); the retry policy (worker.retry) decides what
@@ -23,7 +23,6 @@ from celery.worker.request import Request
 
 from ocrq import keys, names
 from ocrq.errors import OcrqError, StorageUnavailable
-from ocrq.export import export_job, request_export
 from ocrq.messages import (
     FINISH_JOB_TASK,
     OCR_CHUNK_TASK,
@@ -34,6 +33,7 @@ from ocrq.messages import (
     read_chunk,
     read_job_name,
 )
+from ocrq.output.export import export_job, request_export
 from ocrq.redact import redact_message
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from worker import chunk_steps as steps
@@ -196,7 +196,7 @@ def _hand_back(task: Task, chunk: Chunk, report: ChunkReport) -> None:
 
 
 def _ask_export(app: Celery, ctx: WorkerContext, job: str, request: Any) -> bool:
-    """Publish ``job``'s export if it is finished and nobody did (ocrq.export.request_export), to
+    """Publish ``job``'s export if it is finished and nobody did (ocrq.output.export.request_export), to
     the queue the asking message came from."""
     queue = (request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
     return request_export(ctx.redis, ctx.index, job, lambda tid: send_finish(app, job, tid, queue),

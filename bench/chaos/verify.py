@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ocrq import keys
-from ocrq.export import results
 from ocrq.jobs import JobIndex
+from ocrq.output.export import results
 from ocrq.storage import ResultStore
 
 
@@ -114,7 +114,7 @@ def _export_duplicates(store: ResultStore, job: str) -> int:
 
 
 def _export_problems(store: ResultStore, job: str, images: int) -> list[str]:
-    """The finished job's export (ocrq.export): its ``_SUCCESS`` marker covers every image."""
+    """The finished job's export (ocrq.output.export): its ``_SUCCESS`` marker covers every image."""
     marker = store.get_json(keys.export_object(job, keys.EXPORT_SUCCESS))
     if marker is None:
         return ["finished job without an export _SUCCESS marker"]

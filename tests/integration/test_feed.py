@@ -131,8 +131,8 @@ def test_a_producer_killed_mid_way_resumes_with_no_image_sent_twice(redis_url, r
 def test_a_job_whose_submission_is_being_written_does_not_finish(redis_client, tmp_path):
     """Workers run a submission's first windows while the rest is recorded: the job cannot
     finish (nor be exported) while its producer holds keys.job_submitting."""
-    from ocrq.export import export_job, request_export
     from ocrq.jobs import JobIndex
+    from ocrq.output.export import export_job, request_export
     from ocrq.results import ImageRecord, ImageStatus
     from ocrq.sqlite_store import SqliteStore
 

@@ -1,4 +1,4 @@
-"""Result parts (ocrq.parts) over a real Redis index and the SQLite store: a job read back while it
+"""Result parts (ocrq.output.parts) over a real Redis index and the SQLite store: a job read back while it
 runs, through its results index once archived, and after a reprocess of the archived job."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ocrq import keys
-from ocrq.export import export_job, results
 from ocrq.feed import Feed, shard_bytes
 from ocrq.jobs import JobIndex
+from ocrq.output.export import export_job, results
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from ocrq.sqlite_store import SqliteStore
 

@@ -1,5 +1,5 @@
 """OpenAI Batch lines in (producer.openai_requests, producer.inline_images) and out
-(ocrq.openai_responses): parsing, the task a prompt selects, size caps, and the shapes checked
+(ocrq.output.openai_responses): parsing, the task a prompt selects, size caps, and the shapes checked
 with the real libraries (openai's ChatCompletion; vLLM's batch models in the vllm tier)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ocrq.errors import MissingObject, RefusedRef, TooLarge
 from ocrq.feed import Submission, shard_bytes, shard_lines, shard_specs
 from ocrq.messages import Chunk, Item
 from ocrq.net.fetch import fetch
-from ocrq.openai_responses import final_lines, rejected_line, result_line
+from ocrq.output.openai_responses import final_lines, rejected_line, result_line
 from ocrq.prompts import prompt
 from ocrq.refs import parse
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
@@ -233,7 +233,7 @@ def test_vllm_run_batch_accepts_the_inputs_and_reads_the_outputs():
 
 
 def test_error_lines_of_a_file_fixed_and_submitted_again_are_not_repeated(tmp_path):
-    from ocrq.openai_responses import rejected
+    from ocrq.output.openai_responses import rejected
     from ocrq.results import json_line
     from producer.openai_requests import DuplicateCustomId
 

@@ -26,7 +26,7 @@ from typing import IO, Any
 from ocrq import keys
 from ocrq.errors import OcrqError
 from ocrq.jobs import JobIndex, finished
-from ocrq.parts import results as job_results
+from ocrq.output.parts import results as job_results
 from ocrq.redact import redact_text
 from ocrq.results import ImageResult, ImageStatus, json_line
 from ocrq.storage import ResultStore

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from ocrq import gcpause, keys
+from ocrq import keys
 from ocrq.errors import MissingObject
 from ocrq.feed import Line, Spec, Submission, shard_specs, submissions
 from ocrq.jobs import MARKS, JobIndex, finished
+from ocrq.output import gcpause
 from ocrq.redact import redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.storage import ResultStore

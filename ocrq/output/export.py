@@ -2,7 +2,7 @@
 file when the job asked for it) under ``results/{job}/export/``, then a ``_SUCCESS`` marker,
 the convention Spark, Airflow and Glue sensors wait for (paths: ``ocrq.keys``).
 
-Before the marker, the export writes the job's results index (``ocrq.parts``): which result parts
+Before the marker, the export writes the job's results index (``ocrq.output.parts``): which result parts
 hold its current documents. Once the export is written, the job is archived
 (``JobIndex.archive``): its per-image records leave Redis, and readers take it from the store
 through that index.
@@ -30,9 +30,9 @@ from ocrq import keys
 from ocrq.errors import NameTaken
 from ocrq.feed import submissions
 from ocrq.jobs import JobIndex, finished
-from ocrq.openai_responses import export_to_store
-from ocrq.parts import IndexWriter, Located, Parts, located
-from ocrq.parts import results as results  # re-exported: the readers' entry point
+from ocrq.output.openai_responses import export_to_store
+from ocrq.output.parts import IndexWriter, Located, Parts, located
+from ocrq.output.parts import results as results  # re-exported: the readers' entry point
 from ocrq.results import ImageResult, ImageStatus, json_line
 from ocrq.scripts import set_nx
 from ocrq.storage import ResultStore
