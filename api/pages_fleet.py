@@ -19,7 +19,7 @@ from api.service import Service
 from ocrq import keys
 from ocrq.redact import redact_url
 
-#: kombu's list of priority level n > 0 of a queue (ocrq.metrics reads the same)
+#: kombu's list of priority level n > 0 of a queue (ocrq.metrics.redis_series reads the same)
 PRIORITY_SEP = "\x06\x16"
 PRIORITIES = range(10)
 

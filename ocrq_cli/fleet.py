@@ -136,7 +136,7 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
             ) -> None:
     """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
     from ocrq import redis_conn
-    from ocrq.metrics import serve
+    from ocrq.metrics.redis_series import serve
 
     settings = command_settings()
     auth = settings.metrics_basic_auth

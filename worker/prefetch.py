@@ -62,7 +62,7 @@ CONSUMER_STALE_S = 10
 def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tuple[int, int, int]:
     """Register this worker as a consumer of ``queues``; return (messages held unacked by all
     workers, ready messages in ``queues``, live consumers of the most shared one)."""
-    from ocrq.metrics import queue_depth
+    from ocrq.metrics.redis_series import queue_depth
     from worker.reaper import UNACKED
 
     pipe = redis.pipeline(transaction=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ocrq.failed import registered
-from ocrq.metrics import queue_depth
+from ocrq.metrics.redis_series import queue_depth
 from ocrq_cli.embedded.stack import stop_group
 from producer.client import Client
 from tests.fixtures.images import word_images

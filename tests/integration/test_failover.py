@@ -222,7 +222,7 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
 
 def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:
     """The replication series `ocrq metrics` serves for this HA Redis."""
-    from ocrq.metrics import replication_families
+    from ocrq.metrics.redis_series import replication_families
 
     rs = RedisSettings(url=ha.url)
     return {fam.name: [(s.labels, s.value) for s in fam.samples]

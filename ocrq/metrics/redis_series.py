@@ -22,8 +22,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from ocrq import keys, metrics_server, redis_conn
+from ocrq import keys, redis_conn
 from ocrq.jobs import COST_FIELDS
+from ocrq.metrics import server as metrics_server
 from ocrq.settings import RedisSettings
 
 log = logging.getLogger("ocrq.metrics")
@@ -159,7 +160,7 @@ class RedisCollector(Collector):
 def serve(redis: Any, queues: list[str], host: str, port: int, rs: RedisSettings | None = None,
           credentials: str | None = None) -> None:
     """Serve the exporter until the process is stopped (``rs``: the settings, for Sentinel's
-    view of the master; ``credentials``: basic auth, ocrq.metrics_server)."""
+    view of the master; ``credentials``: basic auth, ocrq.metrics.server)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector(redis, queues, rs))
     server, thread = metrics_server.start(registry, host, port, credentials)
