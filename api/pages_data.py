@@ -20,11 +20,11 @@ from api.tenants import Tenant
 from api.views import STATES, job_view, job_views, read_raw
 from api.views import state as state_of
 from ocrq import keys, names
-from ocrq.events import Outbox
-from ocrq.failed import registered
-from ocrq.jobs import parse_cost, parse_counts, parse_meta
-from ocrq.progress import BUCKET_S, RawProgress
-from ocrq.progress import parse as parse_progress
+from ocrq.jobs.events import Outbox
+from ocrq.jobs.failed import registered
+from ocrq.jobs.index import parse_cost, parse_counts, parse_meta
+from ocrq.jobs.progress import BUCKET_S, RawProgress
+from ocrq.jobs.progress import parse as parse_progress
 from ocrq.redact import redact_text, redact_url
 from producer.errors import UnknownJob
 
@@ -46,7 +46,7 @@ def progress_points(svc: Service, job: str, created: float, last_done: float, fi
                     now: float, raw: RawProgress | None = None) -> list[tuple[float, int]]:
     """(epoch second, images finished) of ``job``, oldest first: what its throughput and
     cumulative plots draw. The job's creation, then the end of each 5 s window of its progress
-    series (``ocrq.progress``: the last 10 minutes, images finished per window, image by image),
+    series (``ocrq.jobs.progress``: the last 10 minutes, images finished per window, image by image),
     counted back from what is finished now; a job with no series (finished more than a day ago)
     has its last image done; and now, while it runs."""
     points = [(created, 0)]

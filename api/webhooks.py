@@ -1,5 +1,5 @@
 """Webhooks: each job's terminal event POSTed to its URL, signed as the Standard Webhooks spec
-says, retried until acknowledged (the outbox: ``ocrq.events``).
+says, retried until acknowledged (the outbox: ``ocrq.jobs.events``).
 
 A webhook URL passes the rules an image URL does (http or https; a host that resolves to a
 private, loopback or link-local address is refused) unless its host is in
@@ -33,7 +33,7 @@ from standardwebhooks.webhooks import Webhook
 from api.tenants import Tenants
 from ocrq import names
 from ocrq.errors import OcrqError
-from ocrq.events import Outbox
+from ocrq.jobs.events import Outbox
 from ocrq.net.addresses import public_addresses
 from ocrq.net.pinned import PinnedHTTP, PinnedHTTPS
 from ocrq.redact import redact_text, redact_url

@@ -36,8 +36,8 @@ import redis
 from bench.provenance import header
 from bench.services import free_port, start_redis
 from ocrq import keys, names
-from ocrq.events import Outbox
-from ocrq.jobs import JobIndex
+from ocrq.jobs.events import Outbox
+from ocrq.jobs.index import JobIndex
 from ocrq.settings import Settings
 from ocrq.storage import make_store
 

@@ -15,7 +15,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
                                      epoch and parts (the result parts' names: ocrq.output.parts),
                                      cancelled (when), what the API keeps of a job (webhook
                                      URL, metadata, object: job or batch), engine:{kind} ->
-                                     "cpu"|"gpu" per engine kind that ran it (ocrq.progress: what
+                                     "cpu"|"gpu" per engine kind that ran it (ocrq.jobs.progress: what
                                      its cost was measured on)
         per job; job_ttl (30 d)
     ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
@@ -30,11 +30,11 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per failed image of a running job; deleted with the records, else job_ttl
     ocrq:job:{job}:feed        HASH  the job's submissions (sub:{id} -> ordinal, windows, task,
                                      params, queue, priority) and, per submission, its shards
-                                     written and fed (ocrq.feed)
+                                     written and fed (ocrq.jobs.feed)
         per submission; deleted when the job is archived, else job_ttl
     ocrq:feeding               SET   jobs with a shard written and not yet fed
         per job being fed; a job leaves once every shard is fed
-    ocrq:job:{job}:progress    HASH  display only, between chunk records (ocrq.progress): engine ->
+    ocrq:job:{job}:progress    HASH  display only, between chunk records (ocrq.jobs.progress): engine ->
                                      images the engine finished; t{window} -> images finished in
                                      that 5 s window (engine, plus recorded hits and failures)
         per running job; at most 120 windows (10 min) + 1 field, a few KB; 1 d after its last progress
@@ -57,7 +57,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
         worker.cache); cache_ttl
     ocrq:events                HASH  webhook events not yet delivered nor given up: event id
                                      ({job}#{n}) -> its JSON (type, job, url, attempts, payload
-                                     once built: ``ocrq.events``); written with the job's archive
+                                     once built: ``ocrq.jobs.events``); written with the job's archive
         per pending event; an event leaves once delivered or given up (api.webhook_retry_s)
     ocrq:events:due            ZSET  pending event id -> when its next attempt is due (a deliverer
                                      claims one by moving it a claim window ahead)
@@ -98,7 +98,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per published message; capped at 10,000
 
 Celery's keys: a queue list holds the messages of what was fed and not yet taken (one per chunk
-of ``queue.chunk_size`` refs; at most ``queue.window`` images of each job: ``ocrq.feed``);
+of ``queue.chunk_size`` refs; at most ``queue.window`` images of each job: ``ocrq.jobs.feed``);
 ``unacked``/``unacked_index`` hold the chunks workers have taken and not acknowledged (bounded by
 the workers' prefetch windows). Chunk and export tasks store no result (``ignore_result``): no
 ``celery-task-meta-*`` per chunk.
@@ -108,7 +108,7 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
 ``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
-    {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
+    {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.jobs.feed``): one JSON
                                             line [image id, ref, manifest row] per image it added
                                             (+ its own {task, params}: an OpenAI Batch line's);
                                             deleted when the job is archived
@@ -191,7 +191,7 @@ def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}tenant:{tenant}:jobs"
 
 
-#: webhook events not yet delivered (event id -> JSON) and when each is due (ocrq.events)
+#: webhook events not yet delivered (event id -> JSON) and when each is due (ocrq.jobs.events)
 EVENTS = PREFIX + "events"
 EVENTS_DUE = PREFIX + "events:due"
 #: attempts kept per job in its deliveries list
@@ -199,7 +199,7 @@ DELIVERIES_KEPT = 100
 
 
 def job_deliveries(job_name: str) -> str:
-    """The job's webhook attempts, newest first (ocrq.events)."""
+    """The job's webhook attempts, newest first (ocrq.jobs.events)."""
     return f"{PREFIX}job:{job_name}:deliveries"
 
 
@@ -239,7 +239,7 @@ def job_counts(job_name: str) -> str:
 
 
 def job_feed(job_name: str) -> str:
-    """The job's submissions and how far each is fed (ocrq.feed)."""
+    """The job's submissions and how far each is fed (ocrq.jobs.feed)."""
     return f"{PREFIX}job:{job_name}:feed"
 
 
@@ -249,7 +249,7 @@ FEEDING = PREFIX + "feeding"
 
 def job_progress(job_name: str) -> str:
     """What workers' engines finished of the job since its last records, and how fast: display
-    only (ocrq.progress)."""
+    only (ocrq.jobs.progress)."""
     return f"{PREFIX}job:{job_name}:progress"
 
 

@@ -287,7 +287,7 @@ class QueueSettings(_Section):
     max_message_bytes: int = 1024 * 1024
     #: images of one job in flight at most (in messages, or a worker on them): a submission's
     #: refs wait in the store and the workers feed them in shards of 4,096 as the queue drains
-    #: (ocrq.feed), so Redis holds this many refs per job, whatever the submission's size. Keep
+    #: (ocrq.jobs.feed), so Redis holds this many refs per job, whatever the submission's size. Keep
     #: it above what the fleet's workers reserve (prefetch × chunk_size each)
     window: int = Field(default=65_536, ge=8192)
     #: chunk tasks a worker runs at once (threads pool); they share one engine loop

@@ -129,7 +129,7 @@ _CAPTURED: ContextVar[list[Captured] | None] = ContextVar("ocrq_captured", defau
 @contextmanager
 def captured() -> Iterator[list[Captured]]:
     """Messages published in this block, in this thread, are collected instead of pushed, so one
-    Lua script can push them together with the state that says they were sent (ocrq.feed: a
+    Lua script can push them together with the state that says they were sent (ocrq.jobs.feed: a
     shard's chunks and its feed cursor, atomically). Publish with a producer on this transport."""
     sink: list[Captured] = []
     token = _CAPTURED.set(sink)
@@ -267,7 +267,7 @@ class Channel(kredis.Channel):
     # -- publishing: a wake-up token beside each message ------------------------------------
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         sink = _CAPTURED.get()
-        if sink is not None:  # collected for one atomic script (ocrq.feed), not pushed here
+        if sink is not None:  # collected for one atomic script (ocrq.jobs.feed), not pushed here
             pri = self._get_message_priority(message, reverse=False)
             sink.append(Captured(self._q_for_pri(queue, pri), keys.queue_ring(queue), dumps(message)))
             return

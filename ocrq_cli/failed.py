@@ -20,9 +20,9 @@ import redis
 import typer
 from rich.console import Console
 
-from ocrq import failed as registry
 from ocrq import keys, redis_conn
-from ocrq.jobs import JobIndex
+from ocrq.jobs import failed as registry
+from ocrq.jobs.index import JobIndex
 from ocrq.output.parts import document
 from ocrq.settings import Settings, load_settings
 from ocrq.storage import ResultStore, make_store

@@ -24,8 +24,8 @@ import redis
 
 from ocrq import keys, names, redis_conn
 from ocrq.capabilities import refusal
-from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
-from ocrq.jobs import JobIndex
+from ocrq.jobs.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
+from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
     FINISH_JOB_TASK,
     Chunk,
@@ -161,7 +161,7 @@ class Client:
                progress: Progress | None = None, openai_batch: bool = False,
                meta: dict[str, Any] | None = None) -> Job:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
-        the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
+        the workers ``queue.window`` images at a time (ocrq.jobs.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
         job's export at completion also has a Parquet file (ocrq.output.export); ``openai_batch``: and OpenAI
         Batch output and error files (ocrq.output.openai_responses). The same submission

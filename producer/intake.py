@@ -109,7 +109,7 @@ class IntakePlan:
 
     def lines(self) -> Iterator[str]:
         """The accepted entries as spooled (one JSON line each, in order): what identifies a
-        submission (ocrq.feed.submission_id)."""
+        submission (ocrq.jobs.feed.submission_id)."""
         if self._spool is None:
             return
         self._spool.seek(0)

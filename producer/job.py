@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.jobs import JobIndex, finished
+from ocrq.jobs.index import JobIndex, finished
 from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult
 from ocrq.storage import ResultStore

@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ocrq import keys, names
 from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
-from ocrq.jobs import finished
+from ocrq.jobs.index import finished
 from ocrq.net.fetch import fetch
 from ocrq.output.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.failed import FailedImage, registered
-from ocrq.feed import WINDOW
-from ocrq.jobs import JobIndex, finished
+from ocrq.jobs.failed import FailedImage, registered
+from ocrq.jobs.feed import WINDOW
+from ocrq.jobs.index import JobIndex, finished
 from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, chunk_groups, message_bytes
 from ocrq.output.export import invalidate
 from ocrq.output.export import results as export_results

@@ -14,7 +14,7 @@ import redis
 
 from ocrq import keys, redis_conn
 from ocrq.capabilities import CPU_ENGINES, capabilities
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
 from ocrq.storage import ResultStore, make_s3_client, make_store

@@ -27,7 +27,7 @@ from itertools import islice
 from typing import Any
 
 from ocrq import keys, names
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.output.export import finished, request_export
 from ocrq.scripts import set_nx
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import signals
 
-from ocrq.feed import Feed
+from ocrq.jobs.feed import Feed
 from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker import gcwatch

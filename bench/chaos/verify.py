@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ocrq import keys
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.output.export import results
 from ocrq.storage import ResultStore
 

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from ocrq import keys, redis_conn
-from ocrq.jobs import COST_FIELDS
+from ocrq.jobs.index import COST_FIELDS
 from ocrq.metrics import server as metrics_server
 from ocrq.settings import RedisSettings
 

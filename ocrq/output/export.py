@@ -28,8 +28,8 @@ from typing import Any
 
 from ocrq import keys
 from ocrq.errors import NameTaken
-from ocrq.feed import submissions
-from ocrq.jobs import JobIndex, finished
+from ocrq.jobs.feed import submissions
+from ocrq.jobs.index import JobIndex, finished
 from ocrq.output.openai_responses import export_to_store
 from ocrq.output.parts import IndexWriter, Located, Parts, located
 from ocrq.output.parts import results as results  # re-exported: the readers' entry point

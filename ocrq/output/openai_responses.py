@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from ocrq import keys
 from ocrq.errors import OcrqError
-from ocrq.jobs import JobIndex, finished
+from ocrq.jobs.index import JobIndex, finished
 from ocrq.output.parts import results as job_results
 from ocrq.redact import redact_text
 from ocrq.results import ImageResult, ImageStatus, json_line

@@ -1,7 +1,7 @@
 """A job's result documents in the store, and reading them back.
 
 A worker writes the final images of a stored chunk as one part (``keys.result_part``: JSON lines,
-one ImageResult each), then records each image's marker with the part's number (``ocrq.jobs``):
+one ImageResult each), then records each image's marker with the part's number (``ocrq.jobs.index``):
 one PUT per chunk, not one per image. A part is written once and never replaced: its name is new
 (``JobIndex.new_part``), and it is only created (``ResultStore.put_many``'s ``new``), since a
 failover or a crash can set the Redis counter back and hand a number out twice; the writer then
@@ -12,7 +12,7 @@ that one, so a part may hold lines that are no longer current.
 Reading a job:
 
 - with records in Redis (running, or finished and not yet archived): walked in submission order
-  (its refs shards, ``ocrq.feed``), each image's marker naming its part;
+  (its refs shards, ``ocrq.jobs.feed``), each image's marker naming its part;
 - its export writes the results index (``keys.results_index``): the parts that walk took lines
   from, in order, with the positions of the lines it did not take. An archived job is read
   through it, without Redis;
@@ -41,8 +41,8 @@ from typing import Any
 
 from ocrq import keys
 from ocrq.errors import MissingObject
-from ocrq.feed import Line, Spec, Submission, shard_specs, submissions
-from ocrq.jobs import MARKS, JobIndex, finished
+from ocrq.jobs.feed import Line, Spec, Submission, shard_specs, submissions
+from ocrq.jobs.index import MARKS, JobIndex, finished
 from ocrq.output import gcpause
 from ocrq.redact import redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus

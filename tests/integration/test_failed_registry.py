@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.failed import registered
+from ocrq.jobs.failed import registered
 from ocrq.metrics.redis_series import queue_depth
 from ocrq_cli.embedded.stack import stop_group
 from producer.client import Client

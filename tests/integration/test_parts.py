@@ -8,8 +8,8 @@ import json
 import pytest
 
 from ocrq import keys
-from ocrq.feed import Feed, shard_bytes
-from ocrq.jobs import JobIndex
+from ocrq.jobs.feed import Feed, shard_bytes
+from ocrq.jobs.index import JobIndex
 from ocrq.output.export import export_job, results
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
 from ocrq.sqlite_store import SqliteStore

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ocrq import keys
-from ocrq.failed import registered
+from ocrq.jobs.failed import registered
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import StoreSettings
 from ocrq.storage import make_store

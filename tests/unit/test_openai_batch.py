@@ -13,7 +13,7 @@ import pytest
 
 from ocrq import keys
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
-from ocrq.feed import Submission, shard_bytes, shard_lines, shard_specs
+from ocrq.jobs.feed import Submission, shard_bytes, shard_lines, shard_specs
 from ocrq.messages import Chunk, Item
 from ocrq.net.fetch import fetch
 from ocrq.output.openai_responses import final_lines, rejected_line, result_line

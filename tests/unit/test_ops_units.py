@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from ocrq.errors import BadImage, EngineOOM
-from ocrq.failed import parse_since
+from ocrq.jobs.failed import parse_since
 from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings

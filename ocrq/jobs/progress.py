@@ -8,10 +8,10 @@ and failures as their chunk is recorded, into one small hash per job (``keys.job
     engine   images the engine finished, every page of them (a retried image counts again)
     t{n}     images finished in the ``BUCKET_S``-second window n (epoch seconds // BUCKET_S)
 
-Display only: the counts stay the job index's (exact, ``ocrq.jobs``); this hash says how far
+Display only: the counts stay the job index's (exact, ``ocrq.jobs.index``); this hash says how far
 the engine got since the last record, and how fast. The same script notes in the job's meta
 which engine kinds ran the job and on what (``engine:{kind}`` → "cpu" | "gpu"), so its cost is
-named by what was measured (``ocrq.jobcost``).
+named by what was measured (``ocrq.jobs.cost``).
 
 Bounds: at most ``BUCKETS`` windows (the last 10 minutes) plus one counter per job, a few KB;
 the hash expires ``TTL_S`` after the job's last progress. A worker writes it at most twice a

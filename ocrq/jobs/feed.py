@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from ocrq import keys
 from ocrq.errors import MissingObject
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
     OCR_CHUNK_TASK,
     Chunk,

@@ -1,7 +1,7 @@
 """The failed registry, read and pruned: each running job's ZSET in Redis (``keys.job_failed``,
 scored by failure time) and the durable mirror in the store (``keys.failed_object``), which the
 worker writes beside each failed image's result so losing Redis does not lose the list of what
-failed. Once a job is archived (finished and exported: ``ocrq.jobs``), the mirror is its
+failed. Once a job is archived (finished and exported: ``ocrq.jobs.index``), the mirror is its
 registry: Redis keeps nothing per image of a finished job.
 
 A reprocess deletes the mirror entries of the images it re-publishes (before publishing them:
@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ocrq import keys
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.storage import ResultStore
 

@@ -4,7 +4,7 @@ pages", per job. Cache hits and failures cost no engine time.
 
 The seconds are named by what measured them: GPU-seconds priced at ``gpu_hour_usd`` when the
 job's engines ran on GPUs, CPU-seconds at ``cpu_hour_usd`` when they ran on CPUs (RapidOCR, or an
-engine on a host without a GPU), as the workers noted in the job's meta (``ocrq.progress``);
+engine on a host without a GPU), as the workers noted in the job's meta (``ocrq.jobs.progress``);
 "engine-seconds" at the GPU price for a job that ran on both, or before workers noted it.
 
 Read from the job's counts, which the index script sums as each image is first recorded done (one
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ocrq.jobs import JobIndex
-from ocrq.progress import engines
+from ocrq.jobs.index import JobIndex
+from ocrq.jobs.progress import engines
 
 #: what the engine seconds are called, by the device the job's engines ran on
 UNITS = {"gpu": "GPU-s", "cpu": "CPU-s", "mixed": "engine-s", "unknown": "engine-s"}

@@ -8,7 +8,7 @@ a final ``done`` is never overwritten by a stale redelivery. Keys: see ``ocrq.ke
 A finished job leaves Redis (``archive``): once its export is written, its per-image records and
 failed registry are deleted; its meta and counts stay (``job_ttl``). Every final image's document
 is in the store (written before its record), so readers take a finished job from there
-(``ocrq.output.export.results``, ``ocrq.failed``). Per image, a finished job then keeps nothing in Redis.
+(``ocrq.output.export.results``, ``ocrq.jobs.failed``). Per image, a finished job then keeps nothing in Redis.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from ocrq.results import ImageRecord, ImageStatus
 from ocrq.scripts import PastMaxmemory
 
 # KEYS: images hash, counts hash, the job's failed zset, job meta hash
-# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.feed), the store requests (puts,
+# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.jobs.feed), the store requests (puts,
 # gets) the call's work made, the result part holding the final images' documents (its number,
 # or ""), then (id, status, cached, doc, engine_s, batch_size) per image.
 # A record is a short marker unless a worker is on the image: "q{owner}" queued, no message yet
-# (the submission's shard is its feed: ocrq.feed); "p" queued in a message; "d{part}"/"c{part}"
+# (the submission's shard is its feed: ocrq.jobs.feed); "p" queued in a message; "d{part}"/"c{part}"
 # done (engine / cache); "f{part}" failed; "x" cancelled (it never ran); running and retrying
 # images hold their ImageRecord JSON (``doc``). A final image's full record is its document, in
 # that part (ocrq.output.parts).
@@ -138,7 +138,7 @@ return out
 """
 
 # KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash, the events
-# hash and their due zset (ocrq.events). ARGV: the job's total when its export began, the job's
+# hash and their due zset (ocrq.jobs.events). ARGV: the job's total when its export began, the job's
 # name, now. A job with a webhook (its meta's ``webhook``) archived for the first time since
 # its last new work gets its terminal event (job.completed / job.failed: some images failed /
 # job.cancelled; batch.completed / batch.cancelled) in the outbox.
@@ -158,7 +158,7 @@ redis.call('HSET', KEYS[4], 'archived', '1')
 redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
 local url = redis.call('HGET', KEYS[4], 'webhook')
 if first and url then
-  -- the job's terminal event, in the outbox (ocrq.events) in the same step as its state
+  -- the job's terminal event, in the outbox (ocrq.jobs.events) in the same step as its state
   local n = redis.call('HINCRBY', KEYS[4], 'terminal', 1)
   local kind = 'job'
   local object = redis.call('HGET', KEYS[4], 'object')
@@ -228,7 +228,7 @@ _IN_WORK = (ImageStatus.running, ImageStatus.retrying)
 #: what a marker says (the record Lua's ``marks``)
 MARKS = {"d": ImageStatus.done, "c": ImageStatus.done, "f": ImageStatus.failed, "p": ImageStatus.queued,
          "q": ImageStatus.queued, "x": ImageStatus.cancelled}
-#: counts fields that are not image statuses (what the job cost; see ``ocrq.jobcost``)
+#: counts fields that are not image statuses (what the job cost; see ``ocrq.jobs.cost``)
 COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done", "store_puts", "store_gets")
 #: counts fields that are neither statuses nor cost: queued images in a message (the feed window)
 WINDOW_FIELDS = ("published",)
@@ -300,7 +300,7 @@ class JobIndex:
     def record(self, records: Sequence[ImageRecord], mode: str = "update", owner: int = 0,
                requests: tuple[int, int] = (0, 0), part: int | None = None) -> list[bool]:
         """Write records (all of one job per call is typical, but not required). ``owner``: the
-        submission recording them (mode ``submit``; ocrq.feed). ``requests``: the store (puts,
+        submission recording them (mode ``submit``; ocrq.jobs.feed). ``requests``: the store (puts,
         gets) their work made, added to the job's counts (one job per call then). ``part``: the
         result part (``new_part``) the final records' documents were written to."""
         flags: list[bool] = []
@@ -431,7 +431,7 @@ class JobIndex:
         return list(self.redis.hmget(keys.job_images(job), ids)) if ids else []
 
     def window(self, job: str) -> int:
-        """Images of the job in flight: in a message, or a worker on them (ocrq.feed's window)."""
+        """Images of the job in flight: in a message, or a worker on them (ocrq.jobs.feed's window)."""
         raw = self.redis.hmget(keys.job_counts(job), ("published", "running", "retrying"))
         return sum(int(v) for v in raw if v is not None)
 
