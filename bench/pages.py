@@ -39,7 +39,7 @@ from ocrq import keys, names
 from ocrq.jobs.events import Outbox
 from ocrq.jobs.index import JobIndex
 from ocrq.settings import Settings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 
 #: (state, share) of the seeded jobs: what a busy tenant's list looks like
 MIX = (("succeeded", 70), ("partial", 10), ("running", 10), ("queued", 5), ("cancelled", 5))

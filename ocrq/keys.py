@@ -104,7 +104,7 @@ the workers' prefetch windows). Chunk and export tasks store no result (``ignore
 ``celery-task-meta-*`` per chunk.
 
 Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
-``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
+``{store.path}/store.sqlite3``, ``ocrq.store.sqlite_store``; a job's export stays plain files under
 ``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)

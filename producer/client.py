@@ -40,7 +40,7 @@ from ocrq.output.parts import read_index
 from ocrq.queue import make_celery
 from ocrq.redact import redact_text
 from ocrq.settings import LimitSettings, Settings
-from ocrq.storage import ResultStore, make_s3_client, make_store
+from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from producer.acked import acknowledged
 from producer.errors import (
     BrokerFull,

@@ -20,7 +20,7 @@ from urllib.parse import unquote_to_bytes
 from ocrq import keys
 from ocrq.errors import TooLarge
 from ocrq.refs import STORE_SCHEME
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from producer.openai_requests import InvalidLine
 
 _WHITESPACE = re.compile(rb"\s+")

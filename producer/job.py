@@ -15,7 +15,7 @@ from ocrq import keys
 from ocrq.jobs.index import JobIndex, finished
 from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from producer.errors import UnknownJob
 from producer.intake import IntakePlan
 

@@ -29,7 +29,7 @@ from ocrq.output.export import invalidate
 from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from producer.errors import UnknownJob
 
 

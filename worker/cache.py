@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 
 from ocrq import keys
 from ocrq.results import OcrOutput
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 log = logging.getLogger("ocrq.cache")
 

@@ -17,7 +17,7 @@ from ocrq.capabilities import CPU_ENGINES, capabilities
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, Settings
-from ocrq.storage import ResultStore, make_s3_client, make_store
+from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.decoding.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest

@@ -14,7 +14,7 @@ from typing import Any
 from ocrq import keys
 from ocrq.jobs.index import JobIndex
 from ocrq.output.export import results
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 from ocrq import keys
 from ocrq.jobs.index import JobIndex
 from ocrq.results import ImageRecord, ImageStatus
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

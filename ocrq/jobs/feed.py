@@ -49,7 +49,7 @@ from ocrq.messages import (
     message_bytes,
 )
 from ocrq.scripts import PastMaxmemory
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from ocrq.transport import captured
 
 log = logging.getLogger("ocrq.feed")

@@ -35,7 +35,7 @@ from ocrq.output.parts import IndexWriter, Located, Parts, located
 from ocrq.output.parts import results as results  # re-exported: the readers' entry point
 from ocrq.results import ImageResult, ImageStatus, json_line
 from ocrq.scripts import set_nx
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)
 _PARQUET_ROWS = 10_000

@@ -29,7 +29,7 @@ from ocrq.jobs.index import JobIndex, finished
 from ocrq.output.parts import results as job_results
 from ocrq.redact import redact_text
 from ocrq.results import ImageResult, ImageStatus, json_line
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 #: errors that are not the request's fault (the answer is a 5xx): the rest are 400
 _SERVER_SIDE = frozenset({"RetriesExhausted"})

@@ -46,7 +46,7 @@ from ocrq.jobs.index import MARKS, JobIndex, finished
 from ocrq.output import gcpause
 from ocrq.redact import redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 _LOAD_BATCH = 512
 #: parts kept parsed while walking: a chunk's images are consecutive in a submission

@@ -134,7 +134,7 @@ def test_a_job_whose_submission_is_being_written_does_not_finish(redis_client, t
     from ocrq.jobs.index import JobIndex
     from ocrq.output.export import export_job, request_export
     from ocrq.results import ImageRecord, ImageStatus
-    from ocrq.sqlite_store import SqliteStore
+    from ocrq.store.sqlite_store import SqliteStore
 
     index = JobIndex(redis_client, ttl=60)
     index.create("j", {"task": "text"})

@@ -19,7 +19,7 @@ from api.tenants import create_token, tenants_path
 from bench.pages import seed_detail, seed_jobs
 from ocrq import keys
 from ocrq.settings import Settings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from ocrq.jobs.feed import Feed, shard_bytes
 from ocrq.jobs.index import JobIndex
 from ocrq.output.export import export_job, results
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
 
 pytestmark = pytest.mark.integration
 
@@ -140,8 +140,8 @@ def test_a_part_is_created_never_replaced(kind, tmp_path, request):
     """``put_many``'s ``new``: a path that exists raises NameTaken and keeps its document (S3's
     If-None-Match on moto's server, SQLite's INSERT, a hard link on disk)."""
     from ocrq.errors import NameTaken
-    from ocrq.local_store import LocalStore
-    from ocrq.storage import S3Store
+    from ocrq.store.local_store import LocalStore
+    from ocrq.store.storage import S3Store
 
     if kind == "s3":
         client, bucket = request.getfixturevalue("s3_bucket")

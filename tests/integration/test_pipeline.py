@@ -13,7 +13,7 @@ from ocrq import keys
 from ocrq.jobs.failed import registered
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import StoreSettings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 from producer.client import Client, SubmissionRefused
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env

@@ -12,7 +12,7 @@ from bench.overhead import render
 from bench.scale import run, s3_requests
 from ocrq import keys
 from ocrq.results import OcrOutput
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
 from worker.cache import ResultCache
 
 pytestmark = pytest.mark.integration

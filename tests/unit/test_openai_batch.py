@@ -21,7 +21,7 @@ from ocrq.prompts import prompt
 from ocrq.refs import parse
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
 from ocrq.settings import LimitSettings
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
 from producer.inline_images import InlineImages, decode_data_uri
 from producer.intake import IntakePlan
 from producer.openai_requests import InvalidLine, custom_id_of, parse_line

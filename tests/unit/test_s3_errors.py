@@ -14,7 +14,7 @@ from botocore.stub import Stubber
 from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
 from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
-from ocrq.storage import S3Store
+from ocrq.store.storage import S3Store
 
 
 @pytest.fixture()

@@ -25,10 +25,10 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ocrq.docbytes import dumps_doc
 from ocrq.errors import NameTaken, StorageUnavailable
 from ocrq.keys import check_store_path, is_export_object
-from ocrq.local_store import LocalStore
+from ocrq.store.docbytes import dumps_doc
+from ocrq.store.local_store import LocalStore
 
 DB_NAME = "store.sqlite3"
 #: how long a writer waits for another process's transaction before StorageUnavailable

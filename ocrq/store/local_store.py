@@ -1,5 +1,5 @@
 """The earlier local layout of the durable store: one JSON file per document under ``store.path``.
-Still read (``ocrq.sqlite_store`` falls back to it), and where exports are written as plain files.
+Still read (``ocrq.store.sqlite_store`` falls back to it), and where exports are written as plain files.
 
 Every path is checked twice before any I/O: against the grammar of store paths
 (``ocrq.keys.check_store_path``: no ``..``, no absolute path), and the file it names, symlinks
@@ -16,9 +16,9 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ocrq.docbytes import dumps_doc
 from ocrq.errors import NameTaken, RefusedKey, StorageUnavailable
 from ocrq.keys import check_store_path
+from ocrq.store.docbytes import dumps_doc
 
 
 class LocalStore:

@@ -1,5 +1,5 @@
 """The durable store: S3 (or MinIO/moto) in production, a local directory in the embedded default
-(one SQLite database, ``ocrq.sqlite_store``; ``ocrq.local_store`` is the earlier one-file-per-document
+(one SQLite database, ``ocrq.store.sqlite_store``; ``ocrq.store.local_store`` is the earlier one-file-per-document
 layout, still read).
 
 Both hold JSON documents at the paths defined in ``ocrq.keys``; writes are whole-object and
@@ -26,11 +26,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from ocrq.docbytes import dumps_doc
 from ocrq.errors import MissingObject, NameTaken, StorageUnavailable
 from ocrq.keys import check_store_path
 from ocrq.s3errors import s3_error
 from ocrq.settings import StoreSettings
+from ocrq.store.docbytes import dumps_doc
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,6 @@ class S3Store:
 def make_store(store: StoreSettings, s3_client: Any | None = None) -> ResultStore:
     if store.kind == "s3":
         return S3Store(s3_client or make_s3_client(store), store.bucket, store.prefix)
-    from ocrq.sqlite_store import SqliteStore
+    from ocrq.store.sqlite_store import SqliteStore
 
     return SqliteStore(store.path)
