@@ -94,7 +94,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:consumers:{queue}     ZSET  worker hostname -> last seen (epoch s)
         per worker; 1 h, refreshed 1/s
     ocrq:ring:{queue}          LIST  wake-up tokens, one pushed beside each published message;
-                                     workers BRPOP it, then claim a message (ocrq.transport)
+                                     workers BRPOP it, then claim a message (ocrq.broker.transport)
         per published message; capped at 10,000
 
 Celery's keys: a queue list holds the messages of what was fed and not yet taken (one per chunk
@@ -295,7 +295,7 @@ def queue_consumers(queue: str) -> str:
 
 
 def queue_ring(queue: str) -> str:
-    """Wake-up tokens for ``queue``'s consumers (ocrq.transport): a hint, never the message."""
+    """Wake-up tokens for ``queue``'s consumers (ocrq.broker.transport): a hint, never the message."""
     return f"{PREFIX}ring:{queue}"
 
 

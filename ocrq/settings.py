@@ -40,7 +40,7 @@ class RedisSettings(_Section):
     #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS.
     #: Sentinel, in Celery's format: sentinel://:password@h1:26379/0;sentinel://h2:26379/0 (the
     #: password is the Redis servers', ``sentinel_password`` the Sentinels'); every client ocrq
-    #: opens then follows the master Sentinel names (ocrq.redis_conn)
+    #: opens then follows the master Sentinel names (ocrq.broker.redis_conn)
     url: str = "redis://127.0.0.1:6379/0"
     #: Sentinel: the name of the monitored master (``sentinel monitor NAME ...``)
     master_name: str = "ocrq"

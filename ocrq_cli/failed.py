@@ -20,7 +20,8 @@ import redis
 import typer
 from rich.console import Console
 
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq.jobs import failed as registry
 from ocrq.jobs.index import JobIndex
 from ocrq.output.parts import document

@@ -69,7 +69,7 @@ def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) 
 
 def down() -> None:
     """Stop what `ocrq up` started (here: the stack whose state is under ./var/)."""
-    from ocrq.redis_conn import redacted
+    from ocrq.broker.redis_conn import redacted
     from ocrq_cli.embedded.stack import Stack
 
     stack = Stack(command_settings())
@@ -135,7 +135,7 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
             queues: str | None = typer.Option(None, help="comma-separated queues (default: the configured one)"),
             ) -> None:
     """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
-    from ocrq import redis_conn
+    from ocrq.broker import redis_conn
     from ocrq.metrics.redis_series import serve
 
     settings = command_settings()

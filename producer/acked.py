@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ocrq import keys
-from ocrq.redis_conn import is_sentinel, redacted
+from ocrq.broker.redis_conn import is_sentinel, redacted
 from ocrq.settings import RedisSettings
 from producer.errors import NotReplicated
 

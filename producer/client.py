@@ -22,7 +22,9 @@ from typing import Any
 
 import redis
 
-from ocrq import keys, names, redis_conn
+from ocrq import keys, names
+from ocrq.broker import redis_conn
+from ocrq.broker.queue import make_celery
 from ocrq.capabilities import refusal
 from ocrq.jobs.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
 from ocrq.jobs.index import JobIndex
@@ -37,7 +39,6 @@ from ocrq.messages import (
 from ocrq.output.export import invalidate, request_export
 from ocrq.output.export import results as export_results
 from ocrq.output.parts import read_index
-from ocrq.queue import make_celery
 from ocrq.redact import redact_text
 from ocrq.settings import LimitSettings, Settings
 from ocrq.store.storage import ResultStore, make_s3_client, make_store

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq.capabilities import CPU_ENGINES, capabilities
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput

@@ -27,9 +27,9 @@ from itertools import islice
 from typing import Any
 
 from ocrq import keys, names
+from ocrq.broker.scripts import set_nx
 from ocrq.jobs.index import JobIndex
 from ocrq.output.export import finished, request_export
-from ocrq.scripts import set_nx
 
 log = logging.getLogger("ocrq.export_sweep")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from celery import signals
 
+from ocrq.broker.queue import make_celery
 from ocrq.jobs.feed import Feed
-from ocrq.queue import make_celery
 from ocrq.settings import Settings
 from worker import gcwatch
 from worker.context import WorkerContext, build_context

@@ -36,8 +36,8 @@ from celery import bootsteps
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
-from ocrq.scripts import PastMaxmemory
-from ocrq.scripts import body as oom_body
+from ocrq.broker.scripts import PastMaxmemory
+from ocrq.broker.scripts import body as oom_body
 
 log = logging.getLogger("ocrq.reaper")
 
@@ -109,7 +109,7 @@ class Reaper:
         self.route = route
         self.dead_after = dead_after
         self.confirm = confirm
-        # restoring finishes accepted work: it runs past maxmemory (ocrq.scripts)
+        # restoring finishes accepted work: it runs past maxmemory (ocrq.broker.scripts)
         self._script = PastMaxmemory(client, _RESTORE_LUA)
 
     def sweep(self, now: float | None = None) -> list[str]:
@@ -155,7 +155,7 @@ def channel_tags(consumer: Any) -> list[str]:
     Chunks still running on an older channel (after a lost broker connection) are not claimed:
     Celery may keep such a request listed as active forever, and a claim would pin its message;
     the reaper may redeliver it instead, and the late ack of the old copy cannot erase the new
-    delivery's record (ocrq.transport's delivery-scoped acks)."""
+    delivery's record (ocrq.broker.transport's delivery-scoped acks)."""
     delivered = consumer.task_consumer.channel.qos._delivered
     for _ in range(5):
         try:

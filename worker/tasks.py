@@ -206,7 +206,7 @@ def _ask_export(app: Celery, ctx: WorkerContext, job: str, request: Any) -> bool
 def send_finish(app: Celery, job: str, task_id: str, queue: str) -> None:
     """Publish ``job``'s finish task to ``queue`` (a queue the fleet consumes, declared already):
     no declare first, whose SADD and MULTI Redis refuses past maxmemory, while the publish itself
-    runs past it (ocrq.transport)."""
+    runs past it (ocrq.broker.transport)."""
     app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue, declare=[])
 
 

@@ -29,7 +29,8 @@ from typing import Any
 from bench.chaos.stack import Workers
 from bench.chaos.verify import Outcome, verify
 from bench.services import free_port
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq_cli.embedded.ha_redis import HaRedis
 from ocrq_cli.embedded.stack import redis_binary
 

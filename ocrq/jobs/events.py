@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from ocrq import keys
-from ocrq.scripts import PastMaxmemory
+from ocrq.broker.scripts import PastMaxmemory
 
 # KEYS: events hash, due zset. ARGV: now, the claim window in seconds, at most this many. Due events (their
 # score has passed) move a window ahead and are returned with their JSON: [id, json, id, json ...]

@@ -13,7 +13,7 @@ refs):
    written the job cannot finish (``keys.job_submitting``).
 
 Feeding a shard publishes its images' chunks and moves its cursor in one Lua script (the chunk
-messages are built by Celery and captured, ``ocrq.transport.captured``): a shard is published
+messages are built by Celery and captured, ``ocrq.broker.transport.captured``): a shard is published
 once, whoever feeds it. Every worker feeds: after each chunk, and every few seconds for each job
 in ``keys.FEEDING`` (``worker.feeder``), while the job has fewer than ``queue.window`` images in
 flight (in a message, or a worker on them).
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ocrq import keys
+from ocrq.broker.scripts import PastMaxmemory
+from ocrq.broker.transport import captured
 from ocrq.errors import MissingObject
 from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
@@ -48,9 +50,7 @@ from ocrq.messages import (
     chunk_groups,
     message_bytes,
 )
-from ocrq.scripts import PastMaxmemory
 from ocrq.store.storage import ResultStore
-from ocrq.transport import captured
 
 log = logging.getLogger("ocrq.feed")
 
@@ -190,7 +190,7 @@ class Feed:
         self.window = window
         self.chunk_size = chunk_size
         self.max_message_bytes = max_message_bytes
-        # feeding finishes accepted work: it runs past maxmemory (ocrq.scripts)
+        # feeding finishes accepted work: it runs past maxmemory (ocrq.broker.scripts)
         self._feed = PastMaxmemory(redis, _FEED_LUA)
 
     # --- submissions ---------------------------------------------------------------------------

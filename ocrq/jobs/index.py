@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ocrq import keys, names
+from ocrq.broker.scripts import PastMaxmemory
 from ocrq.results import ImageRecord, ImageStatus
-from ocrq.scripts import PastMaxmemory
 
 # KEYS: images hash, counts hash, the job's failed zset, job meta hash
 # ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.jobs.feed), the store requests (puts,
@@ -272,7 +272,7 @@ class JobIndex:
         self.redis = redis
         self.ttl = ttl
         self._script = redis.register_script(_RECORD_LUA)
-        # the workers' updates finish accepted work: they run past maxmemory (ocrq.scripts)
+        # the workers' updates finish accepted work: they run past maxmemory (ocrq.broker.scripts)
         self._update = PastMaxmemory(redis, _RECORD_LUA)
         # archiving frees a finished job's per-image keys: past maxmemory too
         self._archive = PastMaxmemory(redis, _ARCHIVE_LUA)

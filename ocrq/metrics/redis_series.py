@@ -22,7 +22,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq.jobs.index import COST_FIELDS
 from ocrq.metrics import server as metrics_server
 from ocrq.settings import RedisSettings

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrq import keys
+from ocrq.broker.scripts import set_nx
 from ocrq.errors import NameTaken
 from ocrq.jobs.feed import submissions
 from ocrq.jobs.index import JobIndex, finished
@@ -34,7 +35,6 @@ from ocrq.output.openai_responses import export_to_store
 from ocrq.output.parts import IndexWriter, Located, Parts, located
 from ocrq.output.parts import results as results  # re-exported: the readers' entry point
 from ocrq.results import ImageResult, ImageStatus, json_line
-from ocrq.scripts import set_nx
 from ocrq.store.storage import ResultStore
 
 #: rows per Parquet row group (bounded memory for jobs of millions of images)

@@ -35,7 +35,8 @@ from urllib.request import urlopen
 
 import redis
 
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq.settings import REDIS_AUTH_FILE, RedisSettings, Settings
 from ocrq_cli.embedded.gpus import WorkerPlan, embedded_worker
 from ocrq_cli.embedded.ha_redis import HaRedis
@@ -139,7 +140,7 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
 
 
 def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -> tuple[list[str], dict[str, str]]:
-    """Flower on the ocrq Celery app (``ocrq.celery_app``), so its Broker page and
+    """Flower on the ocrq Celery app (``ocrq.broker.celery_app``), so its Broker page and
     ``/api/queues/length`` show the ocrq queues (with priority levels summed), behind basic auth,
     with a bounded task memory: its command line and the environment it needs. The credentials
     travel in Flower's ``FLOWER_BASIC_AUTH`` variable, not on the command line, which any local
@@ -147,7 +148,7 @@ def flower_argv(settings: Settings, basic_auth: str, address: str = "0.0.0.0") -
     if not basic_auth or ":" not in basic_auth:
         raise ValueError("Flower basic auth must be user:password (OCRQ_FLOWER_BASIC_AUTH)")
     return [
-        sys.executable, "-m", "celery", "-A", "ocrq.celery_app", "flower",
+        sys.executable, "-m", "celery", "-A", "ocrq.broker.celery_app", "flower",
         f"--port={settings.flower_port}", f"--address={address}",
         f"--max_tasks={settings.flower_max_tasks}", "--purge_offline_workers=300",
         # the result column carries each chunk's outcome ("FAILED 1/3: NotFound×1")

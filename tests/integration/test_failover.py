@@ -35,7 +35,7 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from ocrq import redis_conn
+from ocrq.broker import redis_conn
 from ocrq.settings import RedisSettings
 from ocrq_cli.embedded.ha_redis import HaRedis
 from ocrq_cli.embedded.stack import stop_group, wait_worker_state
@@ -346,7 +346,7 @@ def test_flower_and_metrics_on_a_sentinel_url_show_the_worker_and_the_queue_dept
         ha.wait_failover(old)
         ha.restart(ha.data_ports.index(old))
         # Then both read the same depth from the new master, through the Sentinels left (Flower
-        # asked only the first one: ocrq.celery_app)
+        # asked only the first one: ocrq.broker.celery_app)
         _until(depths, lambda d: d == (2, 2.0), 30, alive, logs)
 
         # When a worker drains the queue

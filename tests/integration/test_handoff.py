@@ -1,4 +1,4 @@
-"""The broker hand-off (ocrq.transport): a consumer killed at the first moment its process holds a
+"""The broker hand-off (ocrq.broker.transport): a consumer killed at the first moment its process holds a
 message, before kombu has recorded it unacked, loses nothing; the reaper brings the message back.
 Kombu's stock Redis transport pops with BRPOP and records afterwards, so the same kill left the
 message in no list and no unacked entry (the chaos suite's `all` scenario lost chunks so).
@@ -16,9 +16,9 @@ import pytest
 from kombu import Consumer, Exchange, Producer, Queue
 
 from ocrq import keys
-from ocrq.queue import make_celery
+from ocrq.broker.queue import make_celery
+from ocrq.broker.transport import Channel
 from ocrq.settings import Settings
-from ocrq.transport import Channel
 from worker.reaper import UNACKED, Reaper, kombu_route
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ _CONSUMER = textwrap.dedent("""
     import json, os, signal, sys
     from kombu import Consumer, Exchange, Queue
     from kombu.transport import redis as kredis
-    from ocrq.queue import make_celery
+    from ocrq.broker.queue import make_celery
     from ocrq.settings import Settings
 
     url, die, name = sys.argv[1], sys.argv[2] == "die", sys.argv[3]
@@ -40,8 +40,8 @@ _CONSUMER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         kredis.QoS.append = append
         try:  # ocrq's QoS records deliveries itself
-            import ocrq.transport
-            ocrq.transport.QoS.append = append
+            import ocrq.broker.transport
+            ocrq.broker.transport.QoS.append = append
         except ImportError:
             pass
     app = make_celery(Settings(redis={"url": url}))

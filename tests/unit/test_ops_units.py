@@ -33,7 +33,7 @@ def test_flower_password_is_generated_once_private_and_reused(tmp_path: Path) ->
 
 def test_flower_runs_the_ocrq_app_with_auth_and_bounded_memory() -> None:
     argv, env = flower_argv(Settings(flower_port=1234, flower_max_tasks=500), "ops:pw")
-    assert argv[argv.index("-A") + 1] == "ocrq.celery_app"
+    assert argv[argv.index("-A") + 1] == "ocrq.broker.celery_app"
     assert {"--max_tasks=500", "--port=1234"} <= set(argv)
     # the password is not on the command line (`ps` shows it to every local user)
     assert env == {"FLOWER_BASIC_AUTH": "ops:pw"} and not any("ops:pw" in a for a in argv)

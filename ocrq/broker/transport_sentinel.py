@@ -1,15 +1,15 @@
-"""ocrq's broker transport (ocrq.transport) on a Sentinel URL: the same atomic take-and-record, on
+"""ocrq's broker transport (ocrq.broker.transport) on a Sentinel URL: the same atomic take-and-record, on
 a pool that follows the master.
 
 Kombu's own Sentinel transport builds its pool from redis-py's ``SentinelManagedConnection``;
 Celery on it fails over badly: a demoted master's ``READONLY`` reply is a ``ResponseError``, fatal
 to the consumer (celery#7946), and the channel's BRPOP connection keeps waiting on the old server.
-Here the pool's connections are ``ocrq.redis_conn.FollowingConnection``: each connect asks the
+Here the pool's connections are ``ocrq.broker.redis_conn.FollowingConnection``: each connect asks the
 Sentinels for the master, and a reply that says "not the master" is a ``ConnectionError``, the
 kind of error kombu and Celery answer by reconnecting. The pool is dropped with the connection
 (kombu's ``_disconnect_pools``), so a reconnect starts from what the Sentinels say now.
 
-``ocrq.transport_aliases.install()`` points kombu's ``sentinel`` alias here.
+``ocrq.broker.transport_aliases.install()`` points kombu's ``sentinel`` alias here.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import redis
 from kombu.transport import redis as kredis
 
-from ocrq import redis_conn
-from ocrq import transport as base
+from ocrq.broker import redis_conn
+from ocrq.broker import transport as base
 
 
 class Channel(base.Channel, kredis.SentinelChannel):

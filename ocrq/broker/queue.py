@@ -9,7 +9,7 @@ Choices (docs/ARCHITECTURE.md explains them):
 - prefetch multiplier 1: a worker reserves at most ``concurrency`` chunks, and the prefetch
   window is further narrowed by the governor (worker.prefetch) so no worker hoards the queue.
 - task events on, so Flower shows workers, tasks, retries and failures.
-- on Redis, ocrq's broker transport (ocrq.transport): a worker takes a message and records it
+- on Redis, ocrq's broker transport (ocrq.broker.transport): a worker takes a message and records it
   unacked in one atomic step, so a kill or a Redis restart at that moment loses nothing.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from celery import Celery
 
-from ocrq.redis_conn import celery_options, celery_tls, is_sentinel
+from ocrq.broker.redis_conn import celery_options, celery_tls, is_sentinel
+from ocrq.broker.transport_aliases import install as install_transport
 from ocrq.settings import Settings
-from ocrq.transport_aliases import install as install_transport
 
 #: kombu's ensure() policy for publishing on a Sentinel URL: 0.1, 0.6, 1.1, 1.6, then 2 s apart,
 #: 20 tries (~35 s)
@@ -51,7 +51,7 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
             # 0..9 priority levels; Redis emulates them with one list per level
             "queue_order_strategy": "priority",
             "priority_steps": list(range(10)),
-            # a Sentinel URL: the master's name, the Sentinels' password and TLS (ocrq.redis_conn)
+            # a Sentinel URL: the master's name, the Sentinels' password and TLS (ocrq.broker.redis_conn)
             **celery_options(settings.redis),
         },
         result_backend_transport_options={"visibility_timeout": settings.redis.visibility_timeout,

@@ -1,5 +1,5 @@
 """The ocrq Celery app as a module attribute, for tools that take ``-A`` (Flower, ``celery
-inspect``): ``celery -A ocrq.celery_app flower``. Built from the process's settings (OCRQ_* env,
+inspect``): ``celery -A ocrq.broker.celery_app flower``. Built from the process's settings (OCRQ_* env,
 ``OCRQ_CONFIG``) when this module is imported; nothing else in ocrq imports it.
 
 On a Sentinel URL, Flower's queue-length reader (its Broker page and ``/api/queues/length``)
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ocrq.queue import make_celery
-from ocrq.redis_conn import is_sentinel, parse_sentinel
+from ocrq.broker.queue import make_celery
+from ocrq.broker.redis_conn import is_sentinel, parse_sentinel
 from ocrq.settings import Settings, load_settings
 
 

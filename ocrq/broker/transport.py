@@ -32,7 +32,7 @@ client is already gone and the worker dies with ``AttributeError: 'NoneType' …
 when the transport is gone: they are the reaper's to bring back (worker.reaper), and the worker
 reconnects instead of exiting.
 
-``ocrq.queue.make_celery`` calls ``ocrq.transport_aliases.install()``: the ``redis`` and ``rediss``
+``ocrq.broker.queue.make_celery`` calls ``ocrq.broker.transport_aliases.install()``: the ``redis`` and ``rediss``
 transport aliases then name this class, so broker URLs keep their scheme (Flower picks its broker reader from it).
 """
 
@@ -51,7 +51,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
-from ocrq.scripts import PastMaxmemory
+from ocrq.broker.scripts import PastMaxmemory
 
 log = logging.getLogger("ocrq.transport")
 
@@ -279,7 +279,7 @@ class Channel(kredis.Channel):
             batch.add("ltrim", ring, 0, RING_CAP - 1)
             return
         # the message and its token in one script that runs past maxmemory: a retry, an export
-        # or a restored message finishes accepted work (new work is refused before: ocrq.scripts)
+        # or a restored message finishes accepted work (new work is refused before: ocrq.broker.scripts)
         pri = self._get_message_priority(message, reverse=False)
         with self.conn_or_acquire() as client:
             if self._put_script is None or self._put_script.client is not client:

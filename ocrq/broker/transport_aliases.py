@@ -1,5 +1,5 @@
-"""Which kombu transport each broker URL scheme names in this process: ocrq's (``ocrq.transport``
-for ``redis://`` and ``rediss://``, ``ocrq.transport_sentinel`` for ``sentinel://``), so broker URLs
+"""Which kombu transport each broker URL scheme names in this process: ocrq's (``ocrq.broker.transport``
+for ``redis://`` and ``rediss://``, ``ocrq.broker.transport_sentinel`` for ``sentinel://``), so broker URLs
 keep their scheme (Flower picks its broker reader from it)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 KOMBU_TESTED = ((5, 7),)
 
 _ALIASES = {
-    "redis": "ocrq.transport:Transport",
-    "rediss": "ocrq.transport:Transport",
+    "redis": "ocrq.broker.transport:Transport",
+    "rediss": "ocrq.broker.transport:Transport",
     # the same transport on a pool that follows the master
-    "sentinel": "ocrq.transport_sentinel:Transport",
+    "sentinel": "ocrq.broker.transport_sentinel:Transport",
 }
 
 
