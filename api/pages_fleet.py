@@ -122,7 +122,7 @@ def fleet_page(svc: Service) -> dict[str, Any]:
     return {
         "workers": [worker_row(n, st) for n, st in workers],
         "queues": queue_rows(svc, queues),
-        "unacked": fmt.count(svc.redis.hlen("unacked")),
+        "unacked": fmt.count(svc.redis.hlen(keys.CELERY_UNACKED)),
         "memory": memory(svc),
         "links": {"flower": redact_url(api.flower_url) if api.flower_url else None,
                   "prometheus": redact_url(api.prometheus_url) if api.prometheus_url else None},

@@ -267,9 +267,9 @@ def job_failed(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}:failed"
 
 
-def hot_generation(generation: str) -> str:
-    """One generation of the hot cache (cache key -> outputs JSON); ``hot_generation("")`` is
-    the prefix the cache's scripts append the generation number to."""
+def hot_generation(generation: int) -> str:
+    """One generation of the hot cache (cache key -> outputs JSON); ``HOT_STATE`` says which is
+    current (worker.cache)."""
     return f"{PREFIX}hot:{generation}"
 
 
@@ -286,6 +286,13 @@ def held_tags(hostname: str) -> str:
 
 #: unacked delivery tags no live worker claims, with when a sweep first saw them (worker.reaper)
 REAPER_SUSPECTS = PREFIX + "reaper:suspects"
+
+#: Celery's (kombu's) own keys for the messages workers took and did not ack: delivery tag ->
+#: [message, exchange, routing key], and delivery tag -> when it was delivered. The transport
+#: writes them under these names (ocrq.broker.transport); the reaper, the prefetch step and the
+#: metrics read them
+CELERY_UNACKED = "unacked"
+CELERY_UNACKED_INDEX = "unacked_index"
 
 
 def queue_consumers(queue: str) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ocrq import keys
-from ocrq.broker import redis_conn
+from ocrq.broker import redis_conn, scripts
 from ocrq.capabilities import CPU_ENGINES, capabilities
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
@@ -132,29 +132,10 @@ class WorkerContext:
             self.decoder.close()
 
 
-#: SET the snapshot unless the stored one has seen more batches (then only refresh its TTL).
-#: Unreadable stored data is replaced. KEYS[1] snapshot key; ARGV: json, observations, ttl seconds
-_SAVE_IF_MORE_INFORMED = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local ok, snap = pcall(cjson.decode, cur)
-  if ok and type(snap) == 'table' and type(snap['calibration']) == 'table' then
-    local stored = tonumber(snap['calibration']['observations'])
-    if stored and stored > tonumber(ARGV[2]) then
-      redis.call('EXPIRE', KEYS[1], ARGV[3])
-      return 0
-    end
-  end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-return 1
-"""
-
-
 def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations: int) -> bool:
     """Store a governor snapshot unless the key holds one that has seen more batches (one atomic
     script, so two workers saving at once cannot interleave). Returns whether it was written."""
-    return bool(client.eval(_SAVE_IF_MORE_INFORMED, 1, key, json.dumps(snapshot), observations,
+    return bool(client.eval(scripts.source("governor_save"), 1, key, json.dumps(snapshot), observations,
                             keys.GOVERNOR_PROFILE_TTL_S))
 
 

@@ -63,7 +63,6 @@ def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tup
     """Register this worker as a consumer of ``queues``; return (messages held unacked by all
     workers, ready messages in ``queues``, live consumers of the most shared one)."""
     from ocrq.metrics.redis_series import queue_depth
-    from worker.reaper import UNACKED
 
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
@@ -72,7 +71,7 @@ def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tup
         pipe.zremrangebyscore(key, "-inf", now - CONSUMER_STALE_S)
         pipe.zcard(key)
         pipe.expire(key, keys.QUEUE_CONSUMERS_TTL_S)
-    pipe.hlen(UNACKED)
+    pipe.hlen(keys.CELERY_UNACKED)
     replies = pipe.execute()
     consumers = max(int(replies[i * 4 + 2]) for i in range(len(queues)))
     return int(replies[-1]), sum(queue_depth(redis, q) for q in queues), consumers

@@ -94,7 +94,7 @@ def wait_drained(redis: Any, queue: str, timeout_s: float) -> float:
 
 def in_flight(redis: Any, queue: str) -> tuple[int, int]:
     """(messages unacked, messages queued) on the broker."""
-    return int(redis.hlen("unacked")), sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
+    return int(redis.hlen(keys.CELERY_UNACKED)), sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
 
 
 def queue_lists(redis: Any, queue: str) -> list[bytes]:

@@ -51,6 +51,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
+from ocrq.broker import scripts
 from ocrq.broker.scripts import PastMaxmemory
 
 log = logging.getLogger("ocrq.transport")
@@ -58,60 +59,9 @@ log = logging.getLogger("ocrq.transport")
 #: the wait after a successful claim: a backlog is drained without blocking between messages
 CLAIM_AGAIN_S = 0.01
 
-# KEYS: unacked, unacked_index, then the lists to take from in priority order; ARGV: now, then per
-# list '1' to record (a consumer that acks) or '0' (a no-ack consumer: Celery's reply queues).
-# Pops the first message and records it in unacked as kombu's QoS.append does
-# (entry = [message, exchange, routing_key]), in one atomic step. Returns {list, message} or nil.
-# The message is decoded before anything is written (a script error does not roll back writes):
-# one kombu could not parse either is popped and returned unrecorded, as kombu's pop would.
-_CLAIM_LUA = """
-for i = 3, #KEYS do
-  local raw = redis.call('LINDEX', KEYS[i], -1)
-  if raw then
-    local ok, m = pcall(cjson.decode, raw)
-    redis.call('RPOP', KEYS[i])
-    if ARGV[i - 1] == '1' and ok and type(m) == 'table' and type(m['properties']) == 'table' then
-      local props = m['properties']
-      local tag = props['delivery_tag']
-      local info = props['delivery_info']
-      if type(tag) == 'string' and type(info) == 'table' then
-        local ex, rk = info['exchange'], info['routing_key']
-        if type(ex) ~= 'string' then ex = '' end
-        if type(rk) ~= 'string' then rk = '' end
-        redis.call('ZADD', KEYS[2], ARGV[1], tag)
-        redis.call('HSET', KEYS[1], tag, '[' .. raw .. ', ' .. cjson.encode(ex) .. ', ' .. cjson.encode(rk) .. ']')
-      end
-    end
-    return {KEYS[i], raw}
-  end
-end
-return false
-"""
 
 #: tokens kept per queue (a bound only: past it, claims after a success drain the rest)
 RING_CAP = 10_000
-
-# KEYS: the message's list, the queue's wake-up list; ARGV: message, ring cap.
-_PUT_LUA = """
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('LPUSH', KEYS[2], 1)
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
-return 1
-"""
-
-
-# KEYS: unacked, unacked_index; ARGV: tag, the delivery's index score. Removes the record only
-# while it is still this delivery's: a message redelivered meanwhile (same tag: kombu's tags are
-# per message) belongs to its new holder, whose record a late ack of the old copy must not erase.
-_ACK_LUA = """
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if score and tonumber(score) == tonumber(ARGV[2]) then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  return 1
-end
-return 0
-"""
 
 
 class Captured(NamedTuple):
@@ -186,7 +136,8 @@ class QoS(kredis.QoS):
             if score is None:  # not delivered through this QoS: kombu's unconditional removal
                 self._remove_from_indices(delivery_tag, client.pipeline()).execute()
             else:
-                client.eval(_ACK_LUA, 2, self.unacked_key, self.unacked_index_key, delivery_tag, repr(score))
+                client.eval(scripts.source("transport_ack"), 2, self.unacked_key, self.unacked_index_key,
+                            delivery_tag, repr(score))
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
         score = self._scores.pop(tag, None)
@@ -283,7 +234,7 @@ class Channel(kredis.Channel):
         pri = self._get_message_priority(message, reverse=False)
         with self.conn_or_acquire() as client:
             if self._put_script is None or self._put_script.client is not client:
-                self._put_script = PastMaxmemory(client, _PUT_LUA)
+                self._put_script = PastMaxmemory(client, "transport_put")
             self._put_script(keys=[self._q_for_pri(queue, pri), ring], args=[dumps(message), RING_CAP])
 
     def _size(self, queue: str) -> int:
@@ -366,7 +317,7 @@ class Channel(kredis.Channel):
         now = kredis.time()
         with self.conn_or_acquire() as client:
             if self._claim_script is None:
-                self._claim_script = client.register_script(_CLAIM_LUA)
+                self._claim_script = scripts.plain(client, "transport_claim")
             out = self._claim_script(keys=[self.unacked_key, self.unacked_index_key, *(k for k, _ in pairs)],
                                      args=[now, *flags], client=client)
         if not out:

@@ -23,24 +23,6 @@ from typing import Any
 from ocrq import keys
 from ocrq.broker.scripts import PastMaxmemory
 
-# KEYS: events hash, due zset. ARGV: now, the claim window in seconds, at most this many. Due events (their
-# score has passed) move a window ahead and are returned with their JSON: [id, json, id, json ...]
-_CLAIM_LUA = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-local out = {}
-for _, id in ipairs(due) do
-  local doc = redis.call('HGET', KEYS[1], id)
-  if doc then
-    redis.call('ZADD', KEYS[2], tonumber(ARGV[1]) + tonumber(ARGV[2]), id)
-    out[#out + 1] = id
-    out[#out + 1] = doc
-  else
-    redis.call('ZREM', KEYS[2], id)
-  end
-end
-return out
-"""
-
 
 class Outbox:
     """The pending webhook events, as deliverers see them."""
@@ -48,7 +30,7 @@ class Outbox:
     def __init__(self, redis: Any, job_ttl: int) -> None:
         self.redis = redis
         self.job_ttl = job_ttl
-        self._claim = PastMaxmemory(redis, _CLAIM_LUA)
+        self._claim = PastMaxmemory(redis, "events_claim")
 
     def claim(self, hold_s: float, limit: int = 32, now: float | None = None) -> list[dict[str, Any]]:
         """Due events, each now held for ``hold_s`` (sent again after it, unless settled)."""

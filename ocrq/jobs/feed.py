@@ -64,50 +64,6 @@ Line = tuple[str, str, dict[str, Any] | None]  # image id, ref, manifest row
 #: submission's); a shard line carries it as a fourth element when set
 Spec = dict[str, Any] | None
 
-# KEYS: feed hash, images hash, counts hash, feeding set, job meta hash. ARGV: cursor field, the
-# shard the caller read, the submission's shard count, job name, n ids, ids..., then (list, ring,
-# message) triples. Publishes the shard's messages and moves the cursor, only if the cursor is
-# still at that shard; marks its images published. A cancelled job's shard publishes nothing: its
-# queued images become "x" (cancelled). Returns how many images were marked, or -1 (fed by
-# someone else).
-_FEED_LUA = """
-local at = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if at ~= tonumber(ARGV[2]) then return -1 end
-local n = tonumber(ARGV[5])
-if redis.call('HEXISTS', KEYS[5], 'cancelled') == 1 then
-  local x = 0
-  for i = 6, 5 + n do
-    local v = redis.call('HGET', KEYS[2], ARGV[i])
-    if v and string.sub(v, 1, 1) == 'q' then
-      redis.call('HSET', KEYS[2], ARGV[i], 'x')
-      x = x + 1
-    end
-  end
-  if x > 0 then
-    redis.call('HINCRBY', KEYS[3], 'queued', -x)
-    redis.call('HINCRBY', KEYS[3], 'cancelled', x)
-  end
-  redis.call('HSET', KEYS[1], ARGV[1], at + 1)
-  return 0
-end
-local marked = 0
-for i = 6, 5 + n do
-  local v = redis.call('HGET', KEYS[2], ARGV[i])
-  if v and string.sub(v, 1, 1) == 'q' then
-    redis.call('HSET', KEYS[2], ARGV[i], 'p')
-    marked = marked + 1
-  end
-end
-for i = 6 + n, #ARGV, 3 do
-  redis.call('LPUSH', ARGV[i], ARGV[i + 2])
-  redis.call('LPUSH', ARGV[i + 1], 1)
-  redis.call('LTRIM', ARGV[i + 1], 0, 9999)
-end
-redis.call('HSET', KEYS[1], ARGV[1], at + 1)
-if marked > 0 then redis.call('HINCRBY', KEYS[3], 'published', marked) end
-return marked
-"""
-
 
 @dataclass
 class Submission:
@@ -191,7 +147,7 @@ class Feed:
         self.chunk_size = chunk_size
         self.max_message_bytes = max_message_bytes
         # feeding finishes accepted work: it runs past maxmemory (ocrq.broker.scripts)
-        self._feed = PastMaxmemory(redis, _FEED_LUA)
+        self._feed = PastMaxmemory(redis, "feed_shard")
 
     # --- submissions ---------------------------------------------------------------------------
 
@@ -267,10 +223,12 @@ class Feed:
         field = f"{sub.ordinal}:fed" if cursor else f"{sub.ordinal}:republished"
         args: list[Any] = [field, window if cursor else self._republished(job, field), sub.windows, job, len(todo),
                            *(it.id for it in todo)]
+        lists: dict[str, int] = {}  # the message lists and wake-up lists, by their KEYS index (from 6)
         for msg in sink:
-            args += [msg.list_key, msg.ring_key, msg.payload]
+            args += [lists.setdefault(msg.list_key, 6 + len(lists)), lists.setdefault(msg.ring_key, 6 + len(lists)),
+                     msg.payload]
         n = int(self._feed(keys=[keys.job_feed(job), keys.job_images(job), keys.job_counts(job), keys.FEEDING,
-                                 keys.job(job)], args=args))
+                                 keys.job(job), *lists], args=args))
         if n >= 0:
             log.debug("fed job=%s submission=%s shard=%d: %d image(s) in %d chunk(s)", job, sub.sub, window,
                      len(todo), len(sink))

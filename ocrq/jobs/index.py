@@ -20,206 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ocrq import keys, names
+from ocrq.broker import scripts
 from ocrq.broker.scripts import PastMaxmemory
 from ocrq.results import ImageRecord, ImageStatus
-
-# KEYS: images hash, counts hash, the job's failed zset, job meta hash
-# ARGV: now, ttl, mode, owner (the submission's ordinal: ocrq.jobs.feed), the store requests (puts,
-# gets) the call's work made, the result part holding the final images' documents (its number,
-# or ""), then (id, status, cached, doc, engine_s, batch_size) per image.
-# A record is a short marker unless a worker is on the image: "q{owner}" queued, no message yet
-# (the submission's shard is its feed: ocrq.jobs.feed); "p" queued in a message; "d{part}"/"c{part}"
-# done (engine / cache); "f{part}" failed; "x" cancelled (it never ran); running and retrying
-# images hold their ImageRecord JSON (``doc``). A final image's full record is its document, in
-# that part (ocrq.output.parts).
-# A cancelled job (its meta has ``cancelled``): what has not started never runs. A worker's
-# "running" (or "retrying", "queued") for an image that is not running turns it "x" and says 0
-# (the worker skips it); a running image's outcome stands, but a retry becomes "x"; a submit
-# records new images as "x" (no shard line).
-# Modes: "submit" records new images (never resets one) and says which need its submission's
-# shard: new ones, and those it recorded before without publishing them (a resumed submit);
-# "update" (the workers) never rewrites a done image: the first done stands (a chunk run again
-# after a redelivery or a Redis failover cannot replace its result), and leaves an archived job alone (its
-# records left Redis: a stale redelivery is ignored); an image without a record in a job that is
-# not archived (a message from elsewhere) is recorded; "force" (reprocess) writes
-# whatever is there, queued ones as published; "reopen" (reprocess of an archived job) is force
-# for images whose record left with the archive: they were failed ("reopen-cancelled": cancelled).
-# Returns one flag per item: 1 = written (submit: needs a shard line), 0 = left alone.
-_RECORD_LUA = """
-local now, ttl, mode, owner = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-if tonumber(ARGV[5]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_puts', ARGV[5]) end
-if tonumber(ARGV[6]) > 0 then redis.call('HINCRBY', KEYS[2], 'store_gets', ARGV[6]) end
-local marks = {d = 'done', c = 'done', f = 'failed', p = 'queued', q = 'queued', x = 'cancelled'}
-local part = ARGV[7]
-local out = {}
-local opened = false
-local archived = redis.call('HEXISTS', KEYS[4], 'archived') == 1
-local cancelled = redis.call('HEXISTS', KEYS[4], 'cancelled') == 1
-for i = 8, #ARGV, 6 do
-  local id, st, cached, doc = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local engine_s, batch_size = ARGV[i + 4], tonumber(ARGV[i + 5])
-  local old = redis.call('HGET', KEYS[1], id)
-  local ost, ocached, opub = false, false, false
-  if old then
-    local head = string.sub(old, 1, 1)
-    if head == '{' then
-      local o = cjson.decode(old)
-      ost = o['status']
-      ocached = o['cached'] == true
-    else
-      ost = marks[head]
-      ocached = head == 'c'
-      opub = head == 'p'
-    end
-  elseif mode == 'reopen' then
-    ost = 'failed'
-  elseif mode == 'reopen-cancelled' then
-    ost = 'cancelled'
-  end
-  local write = true
-  if mode == 'submit' then
-    write = (old == false)
-    if cancelled then
-      st = 'cancelled'
-      out[#out + 1] = 0
-    else
-      out[#out + 1] = ((old == false) or (old == 'q' .. owner)) and 1 or 0
-    end
-  else
-    local flag = nil
-    if mode == 'update' and ((old == false and archived) or ost == 'done' or ost == 'cancelled') then
-      write = false
-    elseif mode == 'update' and cancelled and st ~= 'done' and st ~= 'failed' then
-      -- not started (or a retry of one that ran): it never runs
-      if ost ~= 'running' or st == 'retrying' then
-        st = 'cancelled'
-        flag = 0
-      end
-    end
-    out[#out + 1] = flag or (write and 1 or 0)
-  end
-  if write then
-    local value = doc
-    if st == 'done' then value = ((cached == '1') and 'c' or 'd') .. part
-    elseif st == 'failed' then value = 'f' .. part
-    elseif st == 'cancelled' then value = 'x'
-    elseif st == 'queued' then value = (mode == 'submit') and ('q' .. owner) or 'p' end
-    redis.call('HSET', KEYS[1], id, value)
-    if opub then redis.call('HINCRBY', KEYS[2], 'published', -1) end
-    if st == 'queued' and mode ~= 'submit' then redis.call('HINCRBY', KEYS[2], 'published', 1) end
-    if ost then redis.call('HINCRBY', KEYS[2], ost, -1) else redis.call('HINCRBY', KEYS[2], 'total', 1) end
-    redis.call('HINCRBY', KEYS[2], st, 1)
-    if ost == 'done' and ocached then redis.call('HINCRBY', KEYS[2], 'cached', -1) end
-    if st == 'done' and cached == '1' then redis.call('HINCRBY', KEYS[2], 'cached', 1) end
-    if st == 'done' and ost ~= 'done' then
-      if engine_s ~= '' then
-        redis.call('HINCRBYFLOAT', KEYS[2], 'engine_s', engine_s)
-        redis.call('HINCRBY', KEYS[2], 'engine_images', 1)
-        if batch_size and batch_size > 0 then redis.call('HINCRBYFLOAT', KEYS[2], 'batches', 1 / batch_size) end
-      end
-      local last = tonumber(redis.call('HGET', KEYS[2], 'last_done') or '0')
-      if tonumber(now) > last then redis.call('HSET', KEYS[2], 'last_done', now) end
-    end
-    if st == 'failed' then redis.call('ZADD', KEYS[3], now, id)
-    elseif ost == 'failed' then redis.call('ZREM', KEYS[3], id) end
-    if mode ~= 'update' then opened = true end
-  end
-end
-if opened then redis.call('HDEL', KEYS[4], 'archived') end
--- the part's number is taken: a counter that lost it (a failover) must not hand it out again
-if part ~= '' and tonumber(part) > tonumber(redis.call('HGET', KEYS[4], 'parts') or '0') then
-  redis.call('HSET', KEYS[4], 'parts', part)
-end
-redis.call('EXPIRE', KEYS[1], ttl)
-redis.call('EXPIRE', KEYS[2], ttl)
-redis.call('EXPIRE', KEYS[4], ttl)
-if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], ttl) end
-return out
-"""
-
-# KEYS: images hash, counts hash, failed zset, meta hash, finishing flag, feed hash, the events
-# hash and their due zset (ocrq.jobs.events). ARGV: the job's total when its export began, the job's
-# name, now. A job with a webhook (its meta's ``webhook``) archived for the first time since
-# its last new work gets its terminal event (job.completed / job.failed: some images failed /
-# job.cancelled; batch.completed / batch.cancelled) in the outbox.
-# Archives the job when it is finished and its export was asked for since its last new work
-# (submit and reprocess clear the flag), and the export covers every image: the per-image keys
-# and its submissions go (UNLINK: freed off Redis's main thread),
-# meta and counts stay. -1: images came in while the export ran without a submission (a chunk
-# whose records Redis lost, redelivered): that export is stale.
-_ARCHIVE_LUA = """
-local c = redis.call('HMGET', KEYS[2], 'total', 'done', 'failed', 'cancelled')
-local total, done, failed = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
-local cancelled = tonumber(c[4] or '0')
-if done + failed + cancelled < total or redis.call('EXISTS', KEYS[5]) == 0 then return 0 end
-if total ~= tonumber(ARGV[1]) then return -1 end
-local first = redis.call('HEXISTS', KEYS[4], 'archived') == 0
-redis.call('HSET', KEYS[4], 'archived', '1')
-redis.call('UNLINK', KEYS[1], KEYS[3], KEYS[6])
-local url = redis.call('HGET', KEYS[4], 'webhook')
-if first and url then
-  -- the job's terminal event, in the outbox (ocrq.jobs.events) in the same step as its state
-  local n = redis.call('HINCRBY', KEYS[4], 'terminal', 1)
-  local kind = 'job'
-  local object = redis.call('HGET', KEYS[4], 'object')
-  if object and cjson.decode(object) == 'batch' then kind = 'batch' end
-  local what = 'completed'
-  if redis.call('HEXISTS', KEYS[4], 'cancelled') == 1 then what = 'cancelled'
-  elseif failed > 0 and kind == 'job' then what = 'failed' end
-  local id = ARGV[2] .. '#' .. n
-  redis.call('HSET', KEYS[7], id, cjson.encode({id = id, type = kind .. '.' .. what, job = ARGV[2],
-    url = cjson.decode(url), created = tonumber(ARGV[3]), attempts = 0}))
-  redis.call('ZADD', KEYS[8], ARGV[3], id)
-end
-return 1
-"""
-
-# KEYS: counts hash. ARGV: store puts, gets.
-_ADD_REQUESTS_LUA = """
-redis.call('HINCRBY', KEYS[1], 'store_puts', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'store_gets', ARGV[2])
-return 1
-"""
-
-# KEYS: job meta hash. ARGV: a new epoch (JSON), ttl. The job's epoch (kept if set) and its next
-# part number (ocrq.output.parts).
-_NEW_PART_LUA = """
-redis.call('HSETNX', KEYS[1], 'epoch', ARGV[1])
-local n = redis.call('HINCRBY', KEYS[1], 'parts', 1)
-if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-return {redis.call('HGET', KEYS[1], 'epoch'), n}
-"""
-
-# KEYS: images hash, counts hash, meta hash. ARGV: image ids. A cancelled job's images that
-# have not started become "x" (cancelled): queued ones (in a message or not) and retrying ones
-# (their retry message is skipped when it comes); running and final ones are left as they are.
-# Returns how many were cancelled.
-_CANCEL_LUA = """
-if redis.call('HEXISTS', KEYS[3], 'cancelled') == 0 then return 0 end
-local n = 0
-for i = 1, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  if v then
-    local head = string.sub(v, 1, 1)
-    local was = false
-    if head == 'q' then was = 'queued'
-    elseif head == 'p' then
-      was = 'queued'
-      redis.call('HINCRBY', KEYS[2], 'published', -1)
-    elseif head == '{' then
-      local st = cjson.decode(v)['status']
-      if st == 'retrying' or st == 'queued' then was = st end
-    end
-    if was then
-      redis.call('HSET', KEYS[1], ARGV[i], 'x')
-      redis.call('HINCRBY', KEYS[2], was, -1)
-      redis.call('HINCRBY', KEYS[2], 'cancelled', 1)
-      n = n + 1
-    end
-  end
-end
-return n
-"""
 
 _BATCH = 500
 #: image ids per call of the cancel script
@@ -271,15 +74,15 @@ class JobIndex:
     def __init__(self, redis: Any, ttl: int) -> None:
         self.redis = redis
         self.ttl = ttl
-        self._script = redis.register_script(_RECORD_LUA)
+        self._script = scripts.plain(redis, "index_record")
         # the workers' updates finish accepted work: they run past maxmemory (ocrq.broker.scripts)
-        self._update = PastMaxmemory(redis, _RECORD_LUA)
+        self._update = PastMaxmemory(redis, "index_record")
         # archiving frees a finished job's per-image keys: past maxmemory too
-        self._archive = PastMaxmemory(redis, _ARCHIVE_LUA)
-        self._new_part = PastMaxmemory(redis, _NEW_PART_LUA)
+        self._archive = PastMaxmemory(redis, "index_archive")
+        self._new_part = PastMaxmemory(redis, "index_new_part")
         # cancelling finishes accepted work (it only shrinks what is left): past maxmemory too
-        self._cancel = PastMaxmemory(redis, _CANCEL_LUA)
-        self._add_requests = PastMaxmemory(redis, _ADD_REQUESTS_LUA)
+        self._cancel = PastMaxmemory(redis, "index_cancel")
+        self._add_requests = PastMaxmemory(redis, "index_add_requests")
 
     # --- writes ----------------------------------------------------------------------------
 

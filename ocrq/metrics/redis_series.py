@@ -126,7 +126,7 @@ class RedisCollector(Collector):
         r = self.redis
         yield queue_depth_family(r, self.queues)
         yield GaugeMetricFamily("ocrq_unacked_messages", "Messages delivered to workers and not yet acknowledged.",
-                                value=int(r.hlen("unacked")))
+                                value=int(r.hlen(keys.CELERY_UNACKED)))
         jobs = GaugeMetricFamily("ocrq_job_images", "Images of a job by status (most recent jobs).",
                                  labels=["job", "status"])
         failed = 0
