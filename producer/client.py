@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from ocrq import keys, names
+from ocrq import keys, markers, names
 from ocrq.broker import redis_conn
 from ocrq.broker.queue import make_celery
 from ocrq.capabilities import refusal
@@ -252,7 +252,7 @@ class Client:
         # The job cannot finish meanwhile (keys.job_submitting): never an export of half of it
         guard = keys.job_submitting(job)
         self.redis.set(guard, sub.sub, ex=_SUBMITTING_TTL_S)
-        mine = b"q%d" % sub.ordinal
+        mine = markers.queued(sub.ordinal)
         first = sub.written
         added = 0
         for n, window in enumerate(read_entries(plan.items())):

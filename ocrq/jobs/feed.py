@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ocrq import keys
+from ocrq import keys, markers
 from ocrq.broker.scripts import PastMaxmemory
 from ocrq.broker.transport import captured
 from ocrq.errors import MissingObject
@@ -209,7 +209,7 @@ class Feed:
         same script (``cursor`` False: no cursor, for ``republish``)."""
         lines = shard_specs(self.store, job, sub, window)
         values = self.index.raw(job, [i for (i, _, _), _ in lines])
-        want = only or (lambda v: v is not None and v[:1] == b"q")
+        want = only or markers.is_unpublished
         todo = [Item(id=i, ref=ref, row=row, **(spec or {}))
                 for ((i, ref, row), spec), v in zip(lines, values, strict=True) if want(v)]
         with captured() as sink, self.app.producer_or_acquire() as producer:
@@ -242,7 +242,7 @@ class Feed:
         Redis lost data. Returns how many images were sent."""
         sent = 0
         for window in range(sub.written):
-            sent += max(self.feed_shard(job, sub, window, only=lambda v: v is not None and v[:1] in (b"q", b"p"),
+            sent += max(self.feed_shard(job, sub, window, only=markers.is_queued,
                                         cursor=False), 0)
         return sent
 

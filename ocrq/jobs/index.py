@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ocrq import keys, names
+from ocrq import keys, markers, names
 from ocrq.broker import scripts
 from ocrq.broker.scripts import PastMaxmemory
 from ocrq.results import ImageRecord, ImageStatus
@@ -28,9 +28,6 @@ _BATCH = 500
 #: image ids per call of the cancel script
 _CANCEL_BATCH = 1000
 _IN_WORK = (ImageStatus.running, ImageStatus.retrying)
-#: what a marker says (the record Lua's ``marks``)
-MARKS = {"d": ImageStatus.done, "c": ImageStatus.done, "f": ImageStatus.failed, "p": ImageStatus.queued,
-         "q": ImageStatus.queued, "x": ImageStatus.cancelled}
 #: counts fields that are not image statuses (what the job cost; see ``ocrq.jobs.cost``)
 COST_FIELDS = ("engine_s", "engine_images", "batches", "last_done", "store_puts", "store_gets")
 #: counts fields that are neither statuses nor cost: queued images in a message (the feed window)
@@ -178,7 +175,7 @@ class JobIndex:
         batch: list[bytes] = []
         args = [keys.job_images(job), keys.job_counts(job), keys.job(job)]
         for key, value in self.redis.hscan_iter(keys.job_images(job), count=_CANCEL_BATCH):
-            if value[:1] in (b"q", b"p", b"{"):
+            if markers.is_queued(value) or markers.is_record(value):
                 batch.append(key)
             if len(batch) >= _CANCEL_BATCH:
                 n += int(self._cancel(keys=args, args=batch))
@@ -225,10 +222,10 @@ class JobIndex:
     def get(self, job: str, ids: Iterable[str]) -> list[ImageRecord | None]:
         """The records of images a worker is on (running, retrying); None for the others (a
         marker: ``raw``), and for images the job does not have."""
-        return [ImageRecord.model_validate_json(r) if r and r[:1] == b"{" else None for r in self.raw(job, ids)]
+        return [ImageRecord.model_validate_json(r) if markers.is_record(r) else None for r in self.raw(job, ids)]
 
     def raw(self, job: str, ids: Iterable[str]) -> list[bytes | None]:
-        """What Redis holds for each image: a marker (``MARKS``: b"q3", b"p", b"d", b"c", b"f"),
+        """What Redis holds for each image: a marker (``ocrq.markers``: b"q3", b"p", b"d12", b"c12", b"f12", b"x"),
         a running or retrying image's ImageRecord JSON, or None."""
         ids = list(ids)
         return list(self.redis.hmget(keys.job_images(job), ids)) if ids else []

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from ocrq import keys
+from ocrq import keys, markers
 from ocrq.errors import MissingObject
 from ocrq.jobs.feed import Line, Spec, Submission, shard_specs, submissions
-from ocrq.jobs.index import MARKS, JobIndex, finished
+from ocrq.jobs.index import JobIndex, finished
 from ocrq.output import gcpause
 from ocrq.redact import redact_url
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
@@ -51,7 +51,6 @@ from ocrq.store.storage import ResultStore
 _LOAD_BATCH = 512
 #: parts kept parsed while walking: a chunk's images are consecutive in a submission
 _KEEP_PARTS = 64
-_FINAL = (b"d", b"c", b"f")
 
 
 @dataclass
@@ -102,11 +101,12 @@ class Parts:
 def part_of(job: str, epoch: str | None, image_id: str, value: bytes | None) -> str | None:
     """The path of the document a final marker names (b"d12": part 12; b"d": the per-image
     object of before); None for other markers."""
-    if value is None or value[:1] not in _FINAL:
+    if not markers.is_final(value):
         return None
-    if len(value) == 1 or epoch is None:
+    part = markers.part_number(value)
+    if part is None or epoch is None:
         return keys.result_object(job, image_id)
-    return keys.result_part(job, epoch, int(value[1:]))
+    return keys.result_part(job, epoch, part)
 
 
 def document(index: JobIndex, store: ResultStore, job: str, image_id: str, path: str | None = None
@@ -259,10 +259,10 @@ def _resolve(parts: Parts, job: str, image_id: str, ref: str, row: dict[str, Any
     found = parts.find(path, image_id) if path is not None else None
     if found is not None and path is not None:
         return Located(found[1], (path, found[0]))
-    if value is not None and value[:1] == b"{":
+    if markers.is_record(value):
         return Located(ImageResult(record=ImageRecord.model_validate_json(value)))
     # queued, or final without its document (lost from the store): what the marker and shard say
-    status = MARKS.get(value.decode()[:1], ImageStatus.queued) if value else ImageStatus.queued
+    status = markers.status(value) or ImageStatus.queued
     return Located(ImageResult(record=ImageRecord(id=image_id, job=job, ref=redact_url(ref), status=status,
                                                   row=row), spec=spec))
 
@@ -306,7 +306,7 @@ def _unsharded(index: JobIndex, parts: Parts, job: str, epoch: str | None, taken
         if path is not None:
             parts.load([path])
         ref = ""
-        if value[:1] == b"{":
+        if markers.is_record(value):
             ref = ImageRecord.model_validate_json(value).ref
         yield _resolve(parts, job, image_id, ref, None, value, path)
 
