@@ -23,13 +23,12 @@ from typing import Any
 import redis
 
 from ocrq import keys, markers, names
-from ocrq.broker import redis_conn
+from ocrq.broker import publish, redis_conn
 from ocrq.broker.queue import make_celery
 from ocrq.capabilities import refusal
 from ocrq.jobs.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
 from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
-    FINISH_JOB_TASK,
     Chunk,
     Item,
     check_task,
@@ -309,7 +308,7 @@ class Client:
         queue = queue or self.index.meta(job).get("queue") or self.settings.queue.name
 
         def send(task_id: str) -> None:
-            self.app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue)
+            publish.finish(self.app, job, task_id, queue)
 
         return request_export(self.redis, self.index, job, send, self.settings.redis.job_ttl)
 

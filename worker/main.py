@@ -9,6 +9,7 @@ from typing import Any
 
 from celery import signals
 
+from ocrq.broker import publish
 from ocrq.broker.queue import make_celery
 from ocrq.jobs.feed import Feed
 from ocrq.settings import Settings
@@ -20,7 +21,7 @@ from worker.memory.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
 from worker.startup import StartupClock
-from worker.tasks import register_tasks, send_finish
+from worker.tasks import register_tasks
 
 log = logging.getLogger("ocrq.worker")
 
@@ -65,7 +66,7 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
                                  max_message_bytes=q.max_message_bytes))
         ctx.feeder.start()
         ctx.sweeper = ExportSweeper(ExportSweep(
-            ctx.redis, ctx.index, lambda job, tid, queue: send_finish(app, job, tid, queue),
+            ctx.redis, ctx.index, lambda job, tid, queue: publish.finish(app, job, tid, queue, declare=False),
             interval_s=settings.redis.export_sweep_s, stale_s=settings.redis.export_stale_s,
             ttl=settings.redis.job_ttl, default_queue=q.name, owner=hostname or socket.gethostname()))
         ctx.sweeper.start()

@@ -22,6 +22,7 @@ from celery.exceptions import Reject, Retry
 from celery.worker.request import Request
 
 from ocrq import keys, names
+from ocrq.broker import publish
 from ocrq.errors import OcrqError, StorageUnavailable
 from ocrq.messages import (
     FINISH_JOB_TASK,
@@ -29,7 +30,6 @@ from ocrq.messages import (
     Chunk,
     ReadChunk,
     UnreadableMessage,
-    chunk_argsrepr,
     read_chunk,
     read_job_name,
 )
@@ -150,7 +150,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             except Exception:  # the results stand; the export sweep asks again (worker.export_sweep)
                 log.exception("! could not publish the export of job=%s (the export sweep asks again)", chunk.job)
         if report.retry:
-            _hand_back(self, chunk, report)  # raises Retry
+            _hand_back(self, chunk, report)  # raises Retry (or Reject)
         return report.summary()
 
     @app.task(name=FINISH_JOB_TASK, bind=True, max_retries=None, ignore_result=True, Request=RedactedRequest)
@@ -171,7 +171,7 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
             err = exc if isinstance(exc, OcrqError) else StorageUnavailable(f"Redis: {exc}")
             wait = _outage_wait(ctx, err, since)
             if wait is not None:
-                raise self.retry(args=(job,), kwargs={"outage_since": since or time.time()}, countdown=wait) from exc
+                publish.retry_finish(self, job, since or time.time(), wait)  # raises Retry
             _forget_request(ctx, job)  # the export sweep, a finishing chunk or `ocrq export` asks again
             raise
         if not current:
@@ -185,9 +185,8 @@ def register_tasks(app: Celery, get_ctx: Callable[[], WorkerContext]) -> Task:
 
 def _hand_back(task: Task, chunk: Chunk, report: ChunkReport) -> None:
     """Re-publish the chunk's retryable images alone, with their countdown (raises ``Retry``)."""
-    retry_msg = chunk.model_copy(update={"items": report.retry, "outage_since": report.outage_since}).to_message()
     try:
-        task.retry(args=(retry_msg,), countdown=report.countdown, argsrepr=chunk_argsrepr(retry_msg))
+        publish.retry_chunk(task, chunk, report.retry, report.countdown, report.outage_since)
     except Retry:
         raise
     except Exception as exc:
@@ -199,15 +198,8 @@ def _ask_export(app: Celery, ctx: WorkerContext, job: str, request: Any) -> bool
     """Publish ``job``'s export if it is finished and nobody did (ocrq.output.export.request_export), to
     the queue the asking message came from."""
     queue = (request.delivery_info or {}).get("routing_key") or ctx.settings.queue.name
-    return request_export(ctx.redis, ctx.index, job, lambda tid: send_finish(app, job, tid, queue),
-                          ctx.settings.redis.job_ttl)
-
-
-def send_finish(app: Celery, job: str, task_id: str, queue: str) -> None:
-    """Publish ``job``'s finish task to ``queue`` (a queue the fleet consumes, declared already):
-    no declare first, whose SADD and MULTI Redis refuses past maxmemory, while the publish itself
-    runs past it (ocrq.broker.transport)."""
-    app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue, declare=[])
+    return request_export(ctx.redis, ctx.index, job,
+                          lambda tid: publish.finish(app, job, tid, queue, declare=False), ctx.settings.redis.job_ttl)
 
 
 def _forget_request(ctx: WorkerContext, job: str) -> None:

@@ -37,18 +37,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ocrq import keys, markers
+from ocrq.broker import publish
 from ocrq.broker.scripts import PastMaxmemory
 from ocrq.broker.transport import captured
 from ocrq.errors import MissingObject
 from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
-    OCR_CHUNK_TASK,
-    Chunk,
     Item,
-    checked_message,
-    chunk_argsrepr,
-    chunk_groups,
-    message_bytes,
 )
 from ocrq.store.storage import ResultStore
 
@@ -212,14 +207,9 @@ class Feed:
         want = only or markers.is_unpublished
         todo = [Item(id=i, ref=ref, row=row, **(spec or {}))
                 for ((i, ref, row), spec), v in zip(lines, values, strict=True) if want(v)]
-        with captured() as sink, self.app.producer_or_acquire() as producer:
-            envelope = message_bytes(Chunk(job=job, task=sub.task, params=sub.params, items=[]).to_message())
-            for part in chunk_groups(todo, self.chunk_size, self.max_message_bytes, overhead=envelope + 64):
-                chunk = Chunk(job=job, task=sub.task, params=sub.params, items=part, priority=sub.priority or 0)
-                message = checked_message(chunk, self.max_message_bytes)
-                self.app.send_task(OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
-                                   task_id=keys.chunk_id(job, part[0].id, len(part)), queue=sub.queue,
-                                   priority=sub.priority, producer=producer)
+        with captured() as sink:
+            publish.chunks(self.app, job, todo, task=sub.task, params=sub.params, queue=sub.queue,
+                           priority=sub.priority, chunk_size=self.chunk_size, max_message_bytes=self.max_message_bytes)
         field = f"{sub.ordinal}:fed" if cursor else f"{sub.ordinal}:republished"
         args: list[Any] = [field, window if cursor else self._republished(job, field), sub.windows, job, len(todo),
                            *(it.id for it in todo)]

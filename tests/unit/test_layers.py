@@ -230,3 +230,18 @@ def test_no_import_circle_between_folders() -> None:
     folders = folder_graph(import_graph(*ALL))
     assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq"} <= set(folders)
     assert cycles(folders) == []
+
+
+def test_every_message_is_published_through_one_module() -> None:
+    """``send_task`` and Celery's ``retry`` are called in ocrq/broker/publish.py alone (the feed,
+    the client, reprocess, the tasks and the export sweep go through it)."""
+    calls = []
+    for package in ALL:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "ocrq" / "broker" / "publish.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("send_task", "retry", "apply_async", "delay")):
+                    calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.attr}")
+    assert calls == []
