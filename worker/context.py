@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ocrq import keys
-from ocrq.broker import redis_conn, scripts
+from ocrq.broker import redis_conn
 from ocrq.capabilities import CPU_ENGINES, capabilities
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
@@ -62,7 +62,6 @@ class WorkerContext:
     device: str = "cpu"
     #: per-job progress between chunk records (worker.progress; None: not published)
     progress: ProgressCounter | None = None
-    _saved_observations: int = -1
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,18 +104,6 @@ class WorkerContext:
         """What this worker's engine honours (ocrq.capabilities), as its state publishes it."""
         return capabilities(self.settings.engine.kind, self.device)
 
-    def save_governor(self) -> None:
-        """Persist what the governor learned, when it learned something new (the key's TTL is
-        refreshed then too). Workers on identical GPUs share the key (docs/gpu.md): the snapshot
-        that has seen the most batches stays, so a worker that started cold next to a warm one
-        does not replace the warm one's learning with its first few batches."""
-        governor = self.loop.governor
-        seen = governor.calibrator.observations
-        if self.governor_key is None or seen in (0, self._saved_observations):
-            return
-        save_snapshot(self.redis, self.governor_key, governor.snapshot(), seen)
-        self._saved_observations = seen
-
     def close(self) -> None:
         if self.feeder is not None:
             self.feeder.stop()
@@ -130,13 +117,6 @@ class WorkerContext:
         self.fetch_pool.shutdown(wait=False, cancel_futures=True)
         if self.decoder is not None:
             self.decoder.close()
-
-
-def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations: int) -> bool:
-    """Store a governor snapshot unless the key holds one that has seen more batches (one atomic
-    script, so two workers saving at once cannot interleave). Returns whether it was written."""
-    return bool(client.eval(scripts.source("governor_save"), 1, key, json.dumps(snapshot), observations,
-                            keys.GOVERNOR_PROFILE_TTL_S))
 
 
 def build_context(settings: Settings, queues: list[str] | None = None,

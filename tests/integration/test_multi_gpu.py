@@ -21,7 +21,7 @@ from ocrq_cli.embedded.stack import Stack
 from producer.client import Client
 from tests.conftest import free_port
 from tests.integration.conftest import settings_for, worker_env
-from worker.context import save_snapshot
+from worker.heartbeat import save_snapshot
 
 pytestmark = pytest.mark.integration
 
