@@ -4,8 +4,8 @@
 A key is sha256(bytes) + engine revision + task + params (ocrq.keys.cache_key), so a hit is
 exactly "this engine already read these bytes this way". Lookups are one Redis round trip for a
 whole chunk, then one batched store read (``get_many``) for the Redis misses (which also re-warm
-Redis); writes are one batched store write (with the chunk's result documents), then one script
-that adds the hot copies.
+Redis); writes are the durable copies, stored by the chunk's store step in one call with its
+result documents (``durable_writes``), then one script that adds the hot copies (``warm``).
 
 The hot copy has its own byte budget (``redis.cache_max_bytes``), enforced here whatever server
 holds it (``redis.cache_url``, default the broker's own): entries go into the current
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -119,17 +119,27 @@ class ResultCache:
         found.update(warm)
         return found
 
-    def put_many(self, entries: Mapping[str, Outputs], documents: Sequence[tuple[str, Any]] = (),
-                 new: Collection[str] = ()) -> None:
-        """Durable copy first, then the hot copy (a hot entry always has a durable one).
-        ``documents``: other store writes of the chunk, stored in the same call (one SQLite
-        transaction) as the durable copies; ``new``: those only created (``ResultStore.put_many``)."""
-        encoded = {k: _dump(outs) for k, outs in entries.items()}
-        writes = [(keys.cache_object(k), raw) for k, raw in encoded.items()] + list(documents)
-        if writes:
-            self.store.put_many(writes, new=new)
+    def put_many(self, entries: Mapping[str, Outputs]) -> None:
+        """Durable copy first, then the hot copy (a hot entry always has a durable one)."""
+        encoded = self.encode(entries)
         if encoded:
-            self._set_redis(encoded)
+            self.store.put_many(self.durable_writes(encoded))
+            self.warm(encoded)
+
+    @staticmethod
+    def encode(entries: Mapping[str, Outputs]) -> dict[str, bytes]:
+        """Each entry's JSON, once: the durable and the hot copy share it."""
+        return {k: _dump(outs) for k, outs in entries.items()}
+
+    @staticmethod
+    def durable_writes(encoded: Mapping[str, bytes]) -> list[tuple[str, Any]]:
+        """The store writes of ``encoded``'s durable copies (the caller stores them, with the
+        chunk's other writes in the same call: the store step, worker.chunk.store)."""
+        return [(keys.cache_object(k), raw) for k, raw in encoded.items()]
+
+    def warm(self, encoded: Mapping[str, bytes]) -> None:
+        """The hot copies of entries whose durable copies are stored (best effort)."""
+        self._set_redis(encoded)
 
     def _set_redis(self, encoded: Mapping[str, bytes]) -> None:
         if self.max_bytes <= 0:

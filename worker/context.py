@@ -62,6 +62,8 @@ class WorkerContext:
     device: str = "cpu"
     #: per-job progress between chunk records (worker.progress; None: not published)
     progress: ProgressCounter | None = None
+    #: this worker's Celery node name (``worker@host``), as its records name it
+    hostname: str | None = None
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -120,7 +122,7 @@ class WorkerContext:
 
 
 def build_context(settings: Settings, queues: list[str] | None = None,
-                  startup: StartupClock | None = None) -> WorkerContext:
+                  startup: StartupClock | None = None, hostname: str | None = None) -> WorkerContext:
     from worker.engine_kinds import build_engine
     from worker.loop.engine_loop import EngineLoop
     from worker.memory.nvml import NullProbe, NvmlProbe
@@ -171,7 +173,7 @@ def build_context(settings: Settings, queues: list[str] | None = None,
                           settings.redis.cache_max_bytes),
         index=JobIndex(client, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=pool,
         governor_key=governor_key, metrics=metrics, decoder=decoder, startup=startup, device=device,
-        progress=progress,
+        progress=progress, hostname=hostname,
     )
 
 

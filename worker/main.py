@@ -52,7 +52,7 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
     ))
 
     @signals.worker_init.connect(weak=False)
-    def _start_engine(**_: Any) -> None:
+    def _start_engine(sender: Any = None, **_: Any) -> None:
         # which device this process was given, in its log: Celery's process title (setproctitle)
         # overwrites /proc/<pid>/environ, so the log is where ops (and tests) can read it back
         log.info("device: CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_ORDER=%s metrics port %s",
@@ -60,7 +60,8 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
                  settings.metrics_port or "-")
         startup.mark("celery")
         # the engine is ready before the consumer takes its first message
-        ctx = holder["ctx"] = build_context(settings, queues, startup)
+        # (the worker's node name, as Celery expanded it: what its records name)
+        ctx = holder["ctx"] = build_context(settings, queues, startup, getattr(sender, "hostname", None))
         q = settings.queue
         ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
                                  max_message_bytes=q.max_message_bytes))

@@ -166,7 +166,7 @@ def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_c
     from types import SimpleNamespace
 
     from ocrq.messages import Chunk, Item
-    from worker.records import store_documents
+    from worker.chunk.store import write_documents
 
     index, store = job
 
@@ -177,11 +177,11 @@ def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_c
 
     ctx = SimpleNamespace(index=index)
     first, docs = chunk_of(range(0, 3))
-    n, _ = store_documents(ctx, first, docs, lambda writes, new: store.put_many(writes, new=new))
+    n, _ = write_documents(ctx, first, docs, lambda writes, new: store.put_many(writes, new=new))
     index.record([d.record for d in docs], part=n)
     redis_client.hincrby(keys.job("j"), "parts", -1)  # the counter set back
     second, docs = chunk_of(range(3, 6))
-    m, _ = store_documents(ctx, second, docs, lambda writes, new: store.put_many(writes, new=new))
+    m, _ = write_documents(ctx, second, docs, lambda writes, new: store.put_many(writes, new=new))
     index.record([d.record for d in docs], part=m)
     assert m == n + 1
     got = {r.record.id: r for r in results(index, store, "j")}

@@ -15,7 +15,7 @@ from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings
 from ocrq_cli.embedded.stack import Stack, flower_argv
-from worker.chunk_report import ChunkReport
+from worker.chunk.report import ChunkReport, failure
 from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
 
@@ -42,13 +42,13 @@ def test_flower_runs_the_ocrq_app_with_auth_and_bounded_memory() -> None:
 
 
 def test_chunk_outcome_names_failures() -> None:
-    report = ChunkReport(done=2)
-    report.fail(Item(id="a", ref="/x/broken.png"), BadImage("cannot decode"))
+    broken = failure(Item(id="a", ref="/x/broken.png"), BadImage("cannot decode"))
+    report = ChunkReport(done=2, failed=1, failures=(broken,))
     summary = report.summary()
     assert summary["outcome"] == "FAILED 1/3: BadImage×1"
     assert summary["errors"] == [{"ref": "/x/broken.png", "type": "BadImage", "message": "cannot decode"}]
     assert ChunkReport(done=3).summary()["outcome"] == "ok 3/3"
-    retry = ChunkReport(done=1, retry=[Item(id="b", ref="r")]).summary()
+    retry = ChunkReport(done=1, retry=(Item(id="b", ref="r"),)).summary()
     assert retry["outcome"] == "RETRY 1/2" and "errors" not in retry
 
 

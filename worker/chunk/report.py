@@ -1,9 +1,10 @@
 """What one attempt at a chunk reports: images done, cached, failed (named), skipped, and those
-handed back to the broker with their countdown; ``summary`` is the task result Flower shows."""
+handed back to the broker with their countdown; ``summary`` is the task result Flower shows. A
+value: the store step (or a whole-chunk failure) builds it once, later changes are copies."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ocrq.errors import OcrqError
@@ -13,24 +14,29 @@ from ocrq.redact import redact_url
 #: failed images named one by one in a chunk's result (Flower's task page); the rest are counted
 _NAMED_FAILURES = 8
 
+#: (ref, error type, message) of an image that failed for good
+Failure = tuple[str, str, str]
 
-@dataclass
+
+def failure(item: Item, err: OcrqError) -> Failure:
+    """How a report names an image that failed for good (its ref redacted)."""
+    return redact_url(item.ref), type(err).__name__, err.to_dict()["message"]
+
+
+@dataclass(frozen=True)
 class ChunkReport:
     done: int = 0
     cached: int = 0
     failed: int = 0
-    retry: list[Item] = field(default_factory=list)
+    #: images handed back to the broker, each with its next attempt
+    retry: tuple[Item, ...] = ()
     countdown: float = 0.0
     #: the retry message's ``Chunk.outage_since`` (None: not an outage hand-back)
     outage_since: float | None = None
-    #: (ref, error type, message) of each image that failed for good in this attempt
-    failures: list[tuple[str, str, str]] = field(default_factory=list)
+    #: each image that failed for good in this attempt
+    failures: tuple[Failure, ...] = ()
     #: images not run: done already, or their job archived (a late redelivery)
     skipped: int = 0
-
-    def fail(self, item: Item, err: OcrqError) -> None:
-        self.failed += 1
-        self.failures.append((redact_url(item.ref), type(err).__name__, err.to_dict()["message"]))
 
     def summary(self) -> dict[str, Any]:
         """The chunk task's result, as Flower's task list and task page show it: ``outcome``
