@@ -42,7 +42,7 @@ import redis
 
 from bench import provenance
 from bench.overhead import ocrq_passes, render
-from bench.report import wrap
+from bench.report_tables import wrap
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq.jobs.cost import job_cost
 from ocrq.settings import Settings

@@ -7,8 +7,8 @@ inside functions and under ``TYPE_CHECKING``), so the picture stays true.
     ocrq/output, metrics, jobs, broker, store, net    what both sides share, each over those after it
     ocrq                          the contract (its top-level modules), imports none of the above
 
-No import circles anywhere: neither between modules nor between folders (a folder is a package;
-worker/loop/ imports worker/governor/, never the other way).
+No import circles anywhere, bench/ and examples/ included: neither between modules nor between
+folders (a folder is a package; worker/loop/ imports worker/governor/, never the other way).
 """
 
 from __future__ import annotations
@@ -218,17 +218,21 @@ def test_the_circle_finder_finds_circles() -> None:
 
 
 ALL = ("ocrq", "ocrq_cli", "worker", "producer", "api")
+#: the product, and what runs it: benchmarks and examples have no import circle either
+EVERYTHING = (*ALL, "bench", "examples")
 
 
 def test_no_import_circle_between_modules() -> None:
-    graph = import_graph(*ALL)
-    assert {"worker.tasks", "ocrq.store.storage", "ocrq_cli.main", "producer.client"} <= set(graph)
+    graph = import_graph(*EVERYTHING)
+    assert {"worker.tasks", "ocrq.store.storage", "ocrq_cli.main", "producer.client", "bench.report",
+            "bench.scale", "bench.chaos.verify"} <= set(graph)
     assert cycles(graph) == []
 
 
 def test_no_import_circle_between_folders() -> None:
-    folders = folder_graph(import_graph(*ALL))
-    assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq"} <= set(folders)
+    folders = folder_graph(import_graph(*EVERYTHING))
+    assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq", "bench",
+            "bench.chaos"} <= set(folders)
     assert cycles(folders) == []
 
 
