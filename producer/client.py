@@ -26,7 +26,7 @@ from ocrq import keys, markers, names
 from ocrq.broker import publish, redis_conn
 from ocrq.broker.queue import make_celery
 from ocrq.capabilities import refusal
-from ocrq.jobs.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
+from ocrq.jobs.feed import WINDOW, Feed, Submission, read_entries, shard_bytes, submission_id
 from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
     Chunk,
@@ -246,13 +246,24 @@ class Client:
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": exports,
                                 "skipped": plan.skipped, "skipped_sample": skipped, **meta})
-        # window by window: record the refs (a marker each), write the shard of those this
-        # submission added, and feed; workers start on the first window while the rest is written.
-        # The job cannot finish meanwhile (keys.job_submitting): never an export of half of it
+        first = sub.written
+        added = self._write_windows(plan, job, sub, final, progress)
+        feed.top_up(job)
+        self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
+        # nothing left to run (no accepted file, or all already final): export now
+        self.request_export(job, queue)
+        return Job(self, job, published=added, plan=plan, resumed=not new)
+
+    def _write_windows(self, plan: IntakePlan, job: str, sub: Submission, final: set[str],
+                       progress: Progress | None) -> int:
+        """Window by window: record the refs (a marker each), write the shard of those this
+        submission added, and feed; workers start on the first window while the rest is written.
+        The job cannot finish meanwhile (keys.job_submitting): never an export of half of it.
+        Returns how many images the submission added."""
+        feed = self.feed
         guard = keys.job_submitting(job)
         self.redis.set(guard, sub.sub, ex=_SUBMITTING_TTL_S)
         mine = markers.queued(sub.ordinal)
-        first = sub.written
         added = 0
         for n, window in enumerate(read_entries(plan.items())):
             if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
@@ -275,11 +286,7 @@ class Client:
                 progress("submitting", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
         # (a producer killed mid-way leaves the guard to expire: the same command again resumes)
         self.redis.delete(guard)
-        feed.top_up(job)
-        self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
-        # nothing left to run (no accepted file, or all already final): export now
-        self.request_export(job, queue)
-        return Job(self, job, published=added, plan=plan, resumed=not new)
+        return added
 
     def _check_sizes(self, plan: IntakePlan, job: str) -> None:
         """``TooLarge`` before anything is recorded, for a ref whose message alone would exceed
