@@ -4,7 +4,7 @@ another body is a conflict.
 
 The key's record (``keys.idempotency``: its job and the digest of the request body) is written
 before the job is, with SET NX. A request that finds it with the same body submits the same again
-to that job: the producer knows a submission by its content (``ocrq.feed``), so that is a no-op
+to that job: the producer knows a submission by its content (``ocrq.jobs.feed``), so that is a no-op
 for one written whole and finishes one a killed process left half written (two requests racing
 with one key write the same submission once). A request that fails (refused refs, a full broker)
 removes the record: the same key may try again. Records last ``api.idempotency_ttl_s``.

@@ -21,10 +21,10 @@ from api.service import Service
 from api.views import STATES, job_views
 from api.webhooks import check_url
 from ocrq import keys, names
-from ocrq.failed import registered
-from ocrq.intake import Uploaded
+from ocrq.jobs.failed import registered
 from ocrq.results import json_line
 from producer.errors import Conflict, UnknownJob
+from producer.intake import Uploaded
 from producer.progress import job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -100,7 +100,7 @@ def _create(who: Caller, spec: JobCreate, manifest: Uploaded | None, digest: str
             meta["webhook"] = webhook
         svc.mark_active(tenant, job)
         # a replay submits the same again: a no-op for a submission written whole, the rest of one
-        # a killed process left half written (ocrq.feed: a submission is known by its content)
+        # a killed process left half written (ocrq.jobs.feed: a submission is known by its content)
         svc.client.submit(plan, job=job, task=spec.task, params=spec.params, priority=spec.priority,
                           parquet=spec.parquet, meta=meta)
         return view(svc, job), replayed
@@ -252,7 +252,7 @@ def cancel(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
 @router.get("/{job_id}/deliveries", response_model=DeliveryList, responses=ERRORS)
 def deliveries(job_id: str, who: Caller = Depends(caller)) -> dict[str, Any]:
     """The job's webhook attempts, newest first, and its events not delivered yet."""
-    from ocrq.events import Outbox
+    from ocrq.jobs.events import Outbox
 
     job = who.svc.existing(who.tenant, job_id)
     outbox = Outbox(who.svc.redis, who.svc.settings.redis.job_ttl)

@@ -72,7 +72,7 @@ class Job(BaseModel):
     counts: Counts
     #: share of the images final, or finished by an engine and about to be recorded
     progress: float
-    #: images finished a second over the last ~10 s (ocrq.progress), and over the job's life
+    #: images finished a second over the last ~10 s (ocrq.jobs.progress), and over the job's life
     images_per_second: float | None
     average_images_per_second: float
     eta_seconds: float | None

@@ -26,7 +26,7 @@ from api.uploads import InvalidRequest
 from api.views import job_views
 from api.webhooks import check_url
 from ocrq import keys, names
-from ocrq.events import Outbox
+from ocrq.jobs.events import Outbox
 from producer.errors import UnknownJob
 from producer.openai_batch import plan_batch, submit_batch
 

@@ -20,11 +20,12 @@ from api.tenants import Tenant
 from api.views import STATES, job_view, job_views, read_raw
 from api.views import state as state_of
 from ocrq import keys, names
-from ocrq.events import Outbox
-from ocrq.failed import registered
-from ocrq.jobs import parse_cost, parse_counts, parse_meta
-from ocrq.progress import BUCKET_S, RawProgress
-from ocrq.progress import parse as parse_progress
+from ocrq.broker import scripts
+from ocrq.jobs.events import Outbox
+from ocrq.jobs.failed import registered
+from ocrq.jobs.index import parse_cost, parse_counts, parse_meta
+from ocrq.jobs.progress import BUCKET_S, RawProgress
+from ocrq.jobs.progress import parse as parse_progress
 from ocrq.redact import redact_text, redact_url
 from producer.errors import UnknownJob
 
@@ -46,7 +47,7 @@ def progress_points(svc: Service, job: str, created: float, last_done: float, fi
                     now: float, raw: RawProgress | None = None) -> list[tuple[float, int]]:
     """(epoch second, images finished) of ``job``, oldest first: what its throughput and
     cumulative plots draw. The job's creation, then the end of each 5 s window of its progress
-    series (``ocrq.progress``: the last 10 minutes, images finished per window, image by image),
+    series (``ocrq.jobs.progress``: the last 10 minutes, images finished per window, image by image),
     counted back from what is finished now; a job with no series (finished more than a day ago)
     has its last image done; and now, while it runs."""
     points = [(created, 0)]
@@ -142,22 +143,6 @@ def jobs_page(svc: Service, tenant: Tenant, state: str | None = None, after: str
 
 #: the counts a job's state is made of (``api.views.state``)
 _STATE_COUNTS = ("total", "done", "failed", "cancelled", "running", "retrying")
-# KEYS: (meta, counts, submitting) of each job. One line a job: whether its meta has archived,
-# cancelled, created; its _STATE_COUNTS; whether a submission is being written (read-only, one
-# round trip and one short reply for a batch of jobs, where a pipeline parses ten replies a job)
-_STATES_LUA = """
-local out = {}
-for i = 1, #KEYS, 3 do
-  local m = redis.call('HMGET', KEYS[i], 'archived', 'cancelled', 'created')
-  local c = redis.call('HMGET', KEYS[i + 1], 'total', 'done', 'failed', 'cancelled', 'running', 'retrying')
-  local line = {}
-  for j = 1, 3 do line[j] = m[j] and '1' or '0' end
-  for j = 1, 6 do line[3 + j] = c[j] or '0' end
-  line[10] = redis.call('EXISTS', KEYS[i + 2])
-  out[#out + 1] = table.concat(line, ',')
-end
-return out
-"""
 
 
 def states_of(redis: Any, jobs: list[str]) -> list[str | None]:
@@ -167,7 +152,7 @@ def states_of(redis: Any, jobs: list[str]) -> list[str | None]:
         return []
     keys_ = [k for job in jobs for k in (keys.job(job), keys.job_counts(job), keys.job_submitting(job))]
     found: list[str | None] = []
-    for raw in redis.register_script(_STATES_LUA)(keys=keys_):
+    for raw in scripts.plain(redis, "job_states")(keys=keys_):
         f = raw.decode().split(",")
         if f[2] == "0":  # no meta: expired, or never made
             found.append(None)

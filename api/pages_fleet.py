@@ -19,7 +19,7 @@ from api.service import Service
 from ocrq import keys
 from ocrq.redact import redact_url
 
-#: kombu's list of priority level n > 0 of a queue (ocrq.metrics reads the same)
+#: kombu's list of priority level n > 0 of a queue (ocrq.metrics.redis_series reads the same)
 PRIORITY_SEP = "\x06\x16"
 PRIORITIES = range(10)
 
@@ -122,7 +122,7 @@ def fleet_page(svc: Service) -> dict[str, Any]:
     return {
         "workers": [worker_row(n, st) for n, st in workers],
         "queues": queue_rows(svc, queues),
-        "unacked": fmt.count(svc.redis.hlen("unacked")),
+        "unacked": fmt.count(svc.redis.hlen(keys.CELERY_UNACKED)),
         "memory": memory(svc),
         "links": {"flower": redact_url(api.flower_url) if api.flower_url else None,
                   "prometheus": redact_url(api.prometheus_url) if api.prometheus_url else None},

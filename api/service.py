@@ -10,7 +10,7 @@ from typing import Any
 
 from api.tenants import Tenant, Tenants
 from ocrq import keys, names
-from ocrq.jobs import settled
+from ocrq.jobs.index import settled
 from ocrq.settings import Settings
 from producer.client import Client
 from producer.errors import RateLimited, UnknownJob

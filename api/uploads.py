@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from ocrq.intake import Uploaded
 from producer.errors import ClientError, Refused
+from producer.intake import Uploaded
 
 #: a JSON body larger than this is refused (a list of refs that long belongs in a manifest)
 MAX_JSON_BYTES = 16 * 1024 * 1024

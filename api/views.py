@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ocrq import keys, names
-from ocrq.jobcost import cost_of
-from ocrq.jobs import finished, parse_cost, parse_counts, parse_meta, settled
-from ocrq.progress import RawProgress
-from ocrq.progress import parse as parse_progress
+from ocrq.jobs.cost import cost_of
+from ocrq.jobs.index import finished, parse_cost, parse_counts, parse_meta, settled
+from ocrq.jobs.progress import RawProgress
+from ocrq.jobs.progress import parse as parse_progress
 from ocrq.redact import redact_url
 from ocrq.settings import Settings
 from producer.progress import summarise

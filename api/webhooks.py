@@ -1,10 +1,10 @@
 """Webhooks: each job's terminal event POSTed to its URL, signed as the Standard Webhooks spec
-says, retried until acknowledged (the outbox: ``ocrq.events``).
+says, retried until acknowledged (the outbox: ``ocrq.jobs.events``).
 
 A webhook URL passes the rules an image URL does (http or https; a host that resolves to a
 private, loopback or link-local address is refused) unless its host is in
 ``api.webhook_allow_hosts``; it is checked when a job names it and again at each attempt, which
-connects to an address that lookup checked (``ocrq.fetch``'s pinned connections: a name that
+connects to an address that lookup checked (``ocrq.net.fetch``'s pinned connections: a name that
 re-resolves to an internal address is not followed). Redirects are not followed.
 
 An attempt is acknowledged by any 2xx answer within ``api.webhook_timeout_s``; anything else is
@@ -33,8 +33,9 @@ from standardwebhooks.webhooks import Webhook
 from api.tenants import Tenants
 from ocrq import names
 from ocrq.errors import OcrqError
-from ocrq.events import Outbox
-from ocrq.fetch import _PinnedHTTP, _PinnedHTTPS, _public_addresses
+from ocrq.jobs.events import Outbox
+from ocrq.net.addresses import public_addresses
+from ocrq.net.pinned import PinnedHTTP, PinnedHTTPS
 from ocrq.redact import redact_text, redact_url
 from ocrq.settings import LimitSettings, Settings
 from producer.errors import Refused
@@ -69,7 +70,7 @@ def check_url(settings: Settings, url: str) -> str:
         raise WebhookRefused("webhook_url must not carry a user or password (put a secret in the path, "
                              "and verify the webhook-signature header)")
     try:
-        _public_addresses(parts.hostname, port, _limits(settings, parts.hostname))
+        public_addresses(parts.hostname, port, _limits(settings, parts.hostname))
     except OcrqError as exc:
         raise WebhookRefused(f"webhook_url {redact_url(url)}: {redact_text(str(exc))} (api.webhook_allow_hosts "
                              "lets a host through)") from None
@@ -85,7 +86,7 @@ def post(settings: Settings, url: str, body: bytes, headers: dict[str, str]) -> 
     """One attempt: the receiver's HTTP status (an error raised: unreachable, refused, timed out)."""
     host = urlsplit(url).hostname or ""
     limits = _limits(settings, host)
-    opener = urllib.request.build_opener(_NoRedirects(), _PinnedHTTP(limits), _PinnedHTTPS(limits))
+    opener = urllib.request.build_opener(_NoRedirects(), PinnedHTTP(limits), PinnedHTTPS(limits))
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={**headers, "Content-Type": "application/json", "User-Agent": "ocrq"})
     try:

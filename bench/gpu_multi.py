@@ -39,7 +39,7 @@ from typing import Any
 from bench.gpu_worker import GIB, write_workload
 from bench.services import free_port, start_redis, start_worker, stop
 from ocrq import keys
-from ocrq.gpus import Gpu, WorkerPlan, list_gpus, plan_gpu_workers, select_gpus
+from ocrq_cli.embedded.gpus import Gpu, WorkerPlan, list_gpus, plan_gpu_workers, select_gpus
 
 STATE_FIELDS = ("batches", "images", "oom_events", "failed", "max_measured_peak_bytes", "budget_bytes",
                 "capacity_bytes", "calibration_error", "observations", "restored_observations", "count_limit",

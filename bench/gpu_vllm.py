@@ -286,8 +286,8 @@ def worker(args: argparse.Namespace) -> None:
     from bench.gpu_worker import run_job
     from bench.services import free_port, start_redis, start_worker, stop
     from ocrq import keys  # noqa: F401  (run_job reads the worker state through it)
-    from ocrq.gpus import mps_running, share_env
     from ocrq.settings import Settings
+    from ocrq_cli.embedded.gpus import mps_running, share_env
     from producer.client import Client
 
     model, folders, cuda = _setup(args)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.report import rebuild
+from bench.report_tables import rebuild
 
 ORDER = ["vllm-seeds", "vllm-default", "ocrq-vllm", "ocrq-vllm-server", "ocrq-transformers", "vllm-default-8g",
          "ocrq-vllm-8g"]

@@ -36,10 +36,10 @@ import redis
 from bench.provenance import header
 from bench.services import free_port, start_redis
 from ocrq import keys, names
-from ocrq.events import Outbox
-from ocrq.jobs import JobIndex
+from ocrq.jobs.events import Outbox
+from ocrq.jobs.index import JobIndex
 from ocrq.settings import Settings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 
 #: (state, share) of the seeded jobs: what a busy tenant's list looks like
 MIX = (("succeeded", 70), ("partial", 10), ("running", 10), ("queued", 5), ("cancelled", 5))

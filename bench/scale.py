@@ -42,9 +42,9 @@ import redis
 
 from bench import provenance
 from bench.overhead import ocrq_passes, render
-from bench.report import wrap
+from bench.report_tables import wrap
 from bench.services import free_port, start_redis, start_worker, stop
-from ocrq.jobcost import job_cost
+from ocrq.jobs.cost import job_cost
 from ocrq.settings import Settings
 from producer.client import Client
 
@@ -356,12 +356,12 @@ state, the same for any job size):
 {"![Redis memory over the job](scale.png)" if plotted else ""}
 
 Where the bytes go: while a job runs, Redis holds one marker per image (a hash entry of ~90
-bytes: `ocrq/jobs.py`), the messages of at most `queue.window` (65,536) of its images
-(`ocrq/feed.py`: the rest of the refs wait in the store), and the records of the images the
+bytes: `ocrq/jobs/index.py`), the messages of at most `queue.window` (65,536) of its images
+(`ocrq/jobs/feed.py`: the rest of the refs wait in the store), and the records of the images the
 workers are on. Once its export is written the job is archived: the markers go, its meta and
 counts stay (`ocrq/keys.py` gives every key's bound). The store requests are per image on S3
 (moto's server counts what it serves): a first pass writes a cache entry per image and one
-result part per chunk of 64 (`ocrq/parts.py`), reads the store once per image for the cache
+result part per chunk of 64 (`ocrq/output/parts.py`), reads the store once per image for the cache
 (a miss), and the export and the read-back read the parts (one GET per chunk).
 """
 

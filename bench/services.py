@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from ocrq.stack import redis_binary, stop_group, wait_worker_state
+from ocrq_cli.embedded.stack import redis_binary, stop_group, wait_worker_state
 
 
 def free_port() -> int:

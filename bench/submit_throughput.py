@@ -27,7 +27,7 @@ from producer.client import Client
 def run(refs: int, chunk_sizes: list[int], port: int, root: Path) -> list[dict[str, float]]:
     url = f"redis://127.0.0.1:{port}/0"
     names = [str(root / f"img_{i:07d}.png") for i in range(refs)]
-    for name in names:  # the producer refuses local files that do not exist (ocrq.intake)
+    for name in names:  # the producer refuses local files that do not exist (producer.intake)
         Path(name).touch()
     rows = []
     for size in chunk_sizes:
@@ -72,7 +72,7 @@ def main() -> None:
             + header(f"{os.cpu_count()}-core {platform.processor() or platform.machine()} VM",
                      f"python -m bench submit --refs {args.refs}") + "\n"
             "Producer → real redis-server (loopback), no worker. Each submit first plans the intake "
-            "(expands the refs, stats each local file, spools the accepted ones to disk: ocrq/intake.py), "
+            "(expands the refs, stats each local file, spools the accepted ones to disk: producer/intake.py), "
             "then records every image as `queued` in the job index (Lua, 500 per call) and publishes "
             "the chunk messages.\n\n"
             + table + "\n\nOne message per image is bounded by a broker round trip per image; chunks "

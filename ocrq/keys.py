@@ -12,10 +12,10 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per job of the tenant; members older than job_ttl are trimmed at each create
     ocrq:job:{job}             HASH  meta: task, params, queue, priority (reprocess re-publishes
                                      there), exports, skipped (+ sample), created, archived,
-                                     epoch and parts (the result parts' names: ocrq.parts),
+                                     epoch and parts (the result parts' names: ocrq.output.parts),
                                      cancelled (when), what the API keeps of a job (webhook
                                      URL, metadata, object: job or batch), engine:{kind} ->
-                                     "cpu"|"gpu" per engine kind that ran it (ocrq.progress: what
+                                     "cpu"|"gpu" per engine kind that ran it (ocrq.jobs.progress: what
                                      its cost was measured on)
         per job; job_ttl (30 d)
     ocrq:job:{job}:counts      HASH  status -> n, total, cached; engine_s, engine_images,
@@ -30,11 +30,11 @@ state is in the store. For each key: what it holds, then how it grows and what b
         per failed image of a running job; deleted with the records, else job_ttl
     ocrq:job:{job}:feed        HASH  the job's submissions (sub:{id} -> ordinal, windows, task,
                                      params, queue, priority) and, per submission, its shards
-                                     written and fed (ocrq.feed)
+                                     written and fed (ocrq.jobs.feed)
         per submission; deleted when the job is archived, else job_ttl
     ocrq:feeding               SET   jobs with a shard written and not yet fed
         per job being fed; a job leaves once every shard is fed
-    ocrq:job:{job}:progress    HASH  display only, between chunk records (ocrq.progress): engine ->
+    ocrq:job:{job}:progress    HASH  display only, between chunk records (ocrq.jobs.progress): engine ->
                                      images the engine finished; t{window} -> images finished in
                                      that 5 s window (engine, plus recorded hits and failures)
         per running job; at most 120 windows (10 min) + 1 field, a few KB; 1 d after its last progress
@@ -57,7 +57,7 @@ state is in the store. For each key: what it holds, then how it grows and what b
         worker.cache); cache_ttl
     ocrq:events                HASH  webhook events not yet delivered nor given up: event id
                                      ({job}#{n}) -> its JSON (type, job, url, attempts, payload
-                                     once built: ``ocrq.events``); written with the job's archive
+                                     once built: ``ocrq.jobs.events``); written with the job's archive
         per pending event; an event leaves once delivered or given up (api.webhook_retry_s)
     ocrq:events:due            ZSET  pending event id -> when its next attempt is due (a deliverer
                                      claims one by moving it a claim window ahead)
@@ -94,26 +94,26 @@ state is in the store. For each key: what it holds, then how it grows and what b
     ocrq:consumers:{queue}     ZSET  worker hostname -> last seen (epoch s)
         per worker; 1 h, refreshed 1/s
     ocrq:ring:{queue}          LIST  wake-up tokens, one pushed beside each published message;
-                                     workers BRPOP it, then claim a message (ocrq.transport)
+                                     workers BRPOP it, then claim a message (ocrq.broker.transport)
         per published message; capped at 10,000
 
 Celery's keys: a queue list holds the messages of what was fed and not yet taken (one per chunk
-of ``queue.chunk_size`` refs; at most ``queue.window`` images of each job: ``ocrq.feed``);
+of ``queue.chunk_size`` refs; at most ``queue.window`` images of each job: ``ocrq.jobs.feed``);
 ``unacked``/``unacked_index`` hold the chunks workers have taken and not acknowledged (bounded by
 the workers' prefetch windows). Chunk and export tasks store no result (``ignore_result``): no
 ``celery-task-meta-*`` per chunk.
 
 Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the local store's database
-``{store.path}/store.sqlite3``, ``ocrq.sqlite_store``; a job's export stays plain files under
+``{store.path}/store.sqlite3``, ``ocrq.store.sqlite_store``; a job's export stays plain files under
 ``{store.path}`` there, for the tools that read it):
 
     {prefix}cache/{cache key}.json          OcrOutput list, content-addressed (cache of record)
-    {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.feed``): one JSON
+    {prefix}jobs/{job}/refs/{sub}/{n}.jsonl  a submission's refs, window n (``ocrq.jobs.feed``): one JSON
                                             line [image id, ref, manifest row] per image it added
                                             (+ its own {task, params}: an OpenAI Batch line's);
                                             deleted when the job is archived
     {prefix}results/{job}/parts/{epoch}-{n}.jsonl  ImageResult lines: the final images of one
-                                            stored chunk (``ocrq.parts``); one PUT per chunk
+                                            stored chunk (``ocrq.output.parts``); one PUT per chunk
     {prefix}results/{job}/index.json        written at export: the parts that hold the job's
                                             current documents, and the lines in them that a later
                                             part replaced (an archived job is read through it)
@@ -131,12 +131,12 @@ Durable store (S3 ``s3://{bucket}/{prefix}``, or these paths as rows of the loca
     {prefix}inputs/{job}/{sha256}           an inline image (a ``data:`` URI of an OpenAI Batch line)
                                             of one job, content-addressed within it, submitted as
                                             ``store:inputs/{job}/{sha256}``; a worker reads it only for
-                                            a chunk of that job (``ocrq.inline_images``, ``ocrq.fetch``)
+                                            a chunk of that job (``producer.inline_images``, ``ocrq.net.fetch``)
     {prefix}results/{job}/openai-batch/rejected/{file}.jsonl  the error lines of an OpenAI Batch
                                             file's lines that could not run (``{file}``: the file's
                                             sha256[:16]); one object per file submitted
     {prefix}results/{job}/export/openai-batch/output.jsonl  the job's lines done, as OpenAI Batch
-                                            output (``ocrq.openai_responses``)
+                                            output (``ocrq.output.openai_responses``)
     {prefix}results/{job}/export/openai-batch/errors.jsonl  its lines failed or rejected, as the
                                             OpenAI Batch error file
     {prefix}results/{job}/export/openai-batch/_SUCCESS  written last, once every line is final
@@ -191,7 +191,7 @@ def tenant_jobs(tenant: str) -> str:
     return f"{PREFIX}tenant:{tenant}:jobs"
 
 
-#: webhook events not yet delivered (event id -> JSON) and when each is due (ocrq.events)
+#: webhook events not yet delivered (event id -> JSON) and when each is due (ocrq.jobs.events)
 EVENTS = PREFIX + "events"
 EVENTS_DUE = PREFIX + "events:due"
 #: attempts kept per job in its deliveries list
@@ -199,7 +199,7 @@ DELIVERIES_KEPT = 100
 
 
 def job_deliveries(job_name: str) -> str:
-    """The job's webhook attempts, newest first (ocrq.events)."""
+    """The job's webhook attempts, newest first (ocrq.jobs.events)."""
     return f"{PREFIX}job:{job_name}:deliveries"
 
 
@@ -239,7 +239,7 @@ def job_counts(job_name: str) -> str:
 
 
 def job_feed(job_name: str) -> str:
-    """The job's submissions and how far each is fed (ocrq.feed)."""
+    """The job's submissions and how far each is fed (ocrq.jobs.feed)."""
     return f"{PREFIX}job:{job_name}:feed"
 
 
@@ -249,7 +249,7 @@ FEEDING = PREFIX + "feeding"
 
 def job_progress(job_name: str) -> str:
     """What workers' engines finished of the job since its last records, and how fast: display
-    only (ocrq.progress)."""
+    only (ocrq.jobs.progress)."""
     return f"{PREFIX}job:{job_name}:progress"
 
 
@@ -267,9 +267,9 @@ def job_failed(job_name: str) -> str:
     return f"{PREFIX}job:{job_name}:failed"
 
 
-def hot_generation(generation: str) -> str:
-    """One generation of the hot cache (cache key -> outputs JSON); ``hot_generation("")`` is
-    the prefix the cache's scripts append the generation number to."""
+def hot_generation(generation: int) -> str:
+    """One generation of the hot cache (cache key -> outputs JSON); ``HOT_STATE`` says which is
+    current (worker.cache)."""
     return f"{PREFIX}hot:{generation}"
 
 
@@ -287,6 +287,13 @@ def held_tags(hostname: str) -> str:
 #: unacked delivery tags no live worker claims, with when a sweep first saw them (worker.reaper)
 REAPER_SUSPECTS = PREFIX + "reaper:suspects"
 
+#: Celery's (kombu's) own keys for the messages workers took and did not ack: delivery tag ->
+#: [message, exchange, routing key], and delivery tag -> when it was delivered. The transport
+#: writes them under these names (ocrq.broker.transport); the reaper, the prefetch step and the
+#: metrics read them
+CELERY_UNACKED = "unacked"
+CELERY_UNACKED_INDEX = "unacked_index"
+
 
 def queue_consumers(queue: str) -> str:
     """Workers consuming ``queue``, scored by when each last said so (once a second): how many
@@ -295,7 +302,7 @@ def queue_consumers(queue: str) -> str:
 
 
 def queue_ring(queue: str) -> str:
-    """Wake-up tokens for ``queue``'s consumers (ocrq.transport): a hint, never the message."""
+    """Wake-up tokens for ``queue``'s consumers (ocrq.broker.transport): a hint, never the message."""
     return f"{PREFIX}ring:{queue}"
 
 
@@ -357,18 +364,18 @@ def refs_shard(job_name: str, submission: str, window: int) -> str:
 
 
 def result_object(job_name: str, image_id: str) -> str:
-    """One image's document as ocrq wrote it before result parts (still read: ``ocrq.parts``)."""
+    """One image's document as ocrq wrote it before result parts (still read: ``ocrq.output.parts``)."""
     return f"results/{job_name}/{image_id}.json"
 
 
 def result_part(job_name: str, epoch: str, n: int) -> str:
-    """The documents of the final images of one stored chunk (``ocrq.parts``): ``epoch`` is the
+    """The documents of the final images of one stored chunk (``ocrq.output.parts``): ``epoch`` is the
     job's (``ocrq:job:{job}`` ``epoch``, new when the job's meta is new), ``n`` its part counter."""
     return f"results/{job_name}/parts/{epoch}-{n:08d}.jsonl"
 
 
 def results_index(job_name: str) -> str:
-    """Which parts hold a finished job's current documents (``ocrq.parts``), written at export."""
+    """Which parts hold a finished job's current documents (``ocrq.output.parts``), written at export."""
     return f"results/{job_name}/index.json"
 
 
@@ -432,8 +439,8 @@ def uploaded_file(tenant: str, file_id: str) -> str:
 
 
 def inline_input(job_name: str, content_sha256: str) -> str:
-    """An inline image's bytes, of job ``job_name`` (``ocrq.inline_images``): a ``store:`` ref
-    names this path, and only that job's chunks may read it (``ocrq.fetch``)."""
+    """An inline image's bytes, of job ``job_name`` (``producer.inline_images``): a ``store:`` ref
+    names this path, and only that job's chunks may read it (``ocrq.net.fetch``)."""
     return f"inputs/{job_name}/{content_sha256}"
 
 

@@ -25,9 +25,11 @@ from pydantic import BaseModel, Field
 
 from ocrq import names
 from ocrq.errors import BadMessage, OcrqError, RefusedRef, TooLarge
-from ocrq.manifests import MAX_ROW_BYTES
 from ocrq.redact import redact_url, shown_ref
 from ocrq.refs import MAX_REF_CHARS
+
+#: a manifest row's extra columns (JSON) above this are refused: they travel in every message
+MAX_ROW_BYTES = 16 * 1024
 
 #: Celery task name of the chunk task (the producer sends by name; it never imports the worker)
 OCR_CHUNK_TASK = "ocrq.ocr_chunk"
@@ -43,7 +45,7 @@ class Item(BaseModel):
     attempt: int = 1
     #: a manifest row's other columns (``id``, ``metadata``, ...), carried into the result as is
     row: dict[str, Any] | None = None
-    #: this image's own task and params (an OpenAI Batch line's: ``ocrq.openai_requests``), over
+    #: this image's own task and params (an OpenAI Batch line's: ``producer.openai_requests``), over
     #: the chunk's; left out of the message when None
     task: str | None = None
     params: dict[str, Any] | None = None

@@ -1,5 +1,5 @@
 """HunyuanOCR's prompts: the instruction text per task and model version, and the way back from
-a prompt to its task (an OpenAI Batch line names its task by its prompt: ``ocrq.openai_requests``).
+a prompt to its task (an OpenAI Batch line names its task by its prompt: ``producer.openai_requests``).
 
 Workers build their chat messages from ``prompt`` (``worker.engines.hunyuan``); producers read the
 same table, so a known prompt maps to its task whatever the version it was written for.

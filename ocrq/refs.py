@@ -1,10 +1,10 @@
 """Image references: parsing and confinement to the allowed roots (producers, and workers through
-``ocrq.fetch``); ``ocrq.expand`` turns containers into single-image refs.
+``ocrq.net.fetch``); ``producer.expand`` turns containers into single-image refs.
 
 A reference is a local path (absolute, relative, or ``file://``), ``s3://bucket/key``, an
 ``http(s)://`` URL, or ``store:inputs/{job}/{sha256}``: an image ocrq itself wrote to its store for
-job ``job`` (a ``data:`` URI of an OpenAI Batch line, ``ocrq.inline_images``), which only that
-job's chunks may read (``ocrq.fetch``). Canonical refs are absolute
+job ``job`` (a ``data:`` URI of an OpenAI Batch line, ``producer.inline_images``), which only that
+job's chunks may read (``ocrq.net.fetch``). Canonical refs are absolute
 resolved local paths (no ``file://``), ``s3://bucket/key``, URLs and ``store:`` refs.
 Refused (``RefusedRef``): malformed, too long, a scheme not allowed, a URL with a user name or
 password in it (``https://alice:pw@host/a.png``: a credential would travel in every message and
@@ -29,11 +29,12 @@ from urllib.parse import unquote, urlsplit
 
 from ocrq import names
 from ocrq.errors import RefusedRef
-from ocrq.manifests import MANIFEST_EXTENSIONS
 from ocrq.redact import redact_text
 from ocrq.settings import LimitSettings
 
 BAD_REF_PREFIX = "invalid:"
+#: a ref with one of these suffixes is a manifest of refs (``producer.manifests``), not an image
+MANIFEST_EXTENSIONS = frozenset({".jsonl", ".csv"})
 #: longer references are refused (RefusedRef): keeps every chunk message within its size cap
 MAX_REF_CHARS = 8192
 #: resolved directories one expansion keeps (``_resolve``)
@@ -86,7 +87,7 @@ def parse(ref: str, limits: LimitSettings, base: Path | str | None = None, *, re
     ``base`` is where a relative entry resolves: a local directory, or ``s3://bucket/dir/`` for
     entries of a manifest stored on S3 (default: the current directory). ``resolve=False``: a
     local ref is only made absolute, neither resolved nor confined; the caller confines the file
-    it opens (``ocrq.fetch`` does, on the descriptor). ``dirs``: resolved directories to reuse
+    it opens (``ocrq.net.fetch`` does, on the descriptor). ``dirs``: resolved directories to reuse
     (one expansion's: ``_resolve``).
     """
     text = ref  # callers strip user input; file names may legitimately end in spaces

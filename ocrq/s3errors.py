@@ -1,5 +1,5 @@
 """One mapping from S3 (boto3/botocore) failures to the error tree, for every S3 caller: reading
-references and manifests (ocrq.expand, ocrq.fetch) and the result store (ocrq.storage).
+references and manifests (producer.expand, ocrq.net.fetch) and the result store (ocrq.store.storage).
 
     transport error, no HTTP answer          StorageUnavailable (retryable)
     404 / NoSuchKey / NoSuchBucket           MissingObject      (permanent)

@@ -40,7 +40,7 @@ class RedisSettings(_Section):
     #: broker, result backend and ocrq's own keys; redis://:password@host:6379/0 or rediss:// for TLS.
     #: Sentinel, in Celery's format: sentinel://:password@h1:26379/0;sentinel://h2:26379/0 (the
     #: password is the Redis servers', ``sentinel_password`` the Sentinels'); every client ocrq
-    #: opens then follows the master Sentinel names (ocrq.redis_conn)
+    #: opens then follows the master Sentinel names (ocrq.broker.redis_conn)
     url: str = "redis://127.0.0.1:6379/0"
     #: Sentinel: the name of the monitored master (``sentinel monitor NAME ...``)
     master_name: str = "ocrq"
@@ -287,7 +287,7 @@ class QueueSettings(_Section):
     max_message_bytes: int = 1024 * 1024
     #: images of one job in flight at most (in messages, or a worker on them): a submission's
     #: refs wait in the store and the workers feed them in shards of 4,096 as the queue drains
-    #: (ocrq.feed), so Redis holds this many refs per job, whatever the submission's size. Keep
+    #: (ocrq.jobs.feed), so Redis holds this many refs per job, whatever the submission's size. Keep
     #: it above what the fleet's workers reserve (prefetch × chunk_size each)
     window: int = Field(default=65_536, ge=8192)
     #: chunk tasks a worker runs at once (threads pool); they share one engine loop
@@ -414,7 +414,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _embedded_redis_password(self) -> Settings:
-        # a Redis `ocrq up` started has the password it generated (ocrq.stack): a URL naming that
+        # a Redis `ocrq up` started has the password it generated (ocrq_cli.embedded.stack): a URL naming that
         # server without one takes it from {var_dir}/redis-auth (mode 0600), so every command run
         # beside the stack (or with OCRQ_VAR_DIR) reaches it, and none prints it
         for field in ("url", "cache_url"):
@@ -442,7 +442,7 @@ class Settings(BaseSettings):
 
 
 #: where ``ocrq up`` keeps the URLs (with their generated passwords) of the Redis servers it
-#: started, one a line, mode 0600 (ocrq.stack)
+#: started, one a line, mode 0600 (ocrq_cli.embedded.stack)
 REDIS_AUTH_FILE = "redis-auth"
 
 

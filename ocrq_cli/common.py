@@ -101,7 +101,7 @@ def write_results(handle: Any, out: Path) -> int:
 def print_failed(client: Any, job: str, failed: int, shown: int = 10, ids: set[str] | None = None) -> None:
     """Which images failed and why (the first ``shown``; of ``ids`` only, when given), and where
     the rest are."""
-    from ocrq.failed import registered
+    from ocrq.jobs.failed import registered
 
     listed = 0
     for entry in registered(client.index, client.store, job, limit=None if ids is not None else shown):

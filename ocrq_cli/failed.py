@@ -20,12 +20,13 @@ import redis
 import typer
 from rich.console import Console
 
-from ocrq import failed as registry
-from ocrq import keys, redis_conn
-from ocrq.jobs import JobIndex
-from ocrq.parts import document
+from ocrq import keys
+from ocrq.broker import redis_conn
+from ocrq.jobs import failed as registry
+from ocrq.jobs.index import JobIndex
+from ocrq.output.parts import document
 from ocrq.settings import Settings, load_settings
-from ocrq.storage import ResultStore, make_store
+from ocrq.store.storage import ResultStore, make_store
 
 failed_app = typer.Typer(help="The failed registry: list, show, purge.")
 console = Console(stderr=True)

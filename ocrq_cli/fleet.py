@@ -29,8 +29,8 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
     import os
     import socket
 
-    from ocrq.gpus import list_gpus, plan_gpu_workers, select_gpus, sharing_note
-    from ocrq.stack import Stack, StackConflict
+    from ocrq_cli.embedded.gpus import list_gpus, plan_gpu_workers, select_gpus, sharing_note
+    from ocrq_cli.embedded.stack import Stack, StackConflict
 
     settings = command_settings()
     workers = None
@@ -58,7 +58,7 @@ def up(wait: float = typer.Option(300, help="seconds to wait for the workers to 
 def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) -> None:
     """Run Flower in the foreground on the ocrq app, behind basic auth (OCRQ_FLOWER_BASIC_AUTH,
     else a password generated into the var dir), as `ocrq up` and the compose stack do."""
-    from ocrq.stack import Stack, flower_argv
+    from ocrq_cli.embedded.stack import Stack, flower_argv
 
     settings = command_settings()
     auth, where = Stack(settings).flower_auth()
@@ -69,8 +69,8 @@ def flower(address: str = typer.Option("0.0.0.0", help="address Flower binds")) 
 
 def down() -> None:
     """Stop what `ocrq up` started (here: the stack whose state is under ./var/)."""
-    from ocrq.redis_conn import redacted
-    from ocrq.stack import Stack
+    from ocrq.broker.redis_conn import redacted
+    from ocrq_cli.embedded.stack import Stack
 
     stack = Stack(command_settings())
     stopped = stack.down()
@@ -135,8 +135,8 @@ def metrics(port: int = typer.Option(9808), host: str = typer.Option("127.0.0.1"
             queues: str | None = typer.Option(None, help="comma-separated queues (default: the configured one)"),
             ) -> None:
     """Serve Prometheus metrics (queue depth, unacked, failed, jobs, workers' governor state)."""
-    from ocrq import redis_conn
-    from ocrq.metrics import serve
+    from ocrq.broker import redis_conn
+    from ocrq.metrics.redis_series import serve
 
     settings = command_settings()
     auth = settings.metrics_basic_auth

@@ -38,7 +38,7 @@ def status(job: str, as_json: bool = typer.Option(False, "--json", help=_JSON_HE
     """Counts per status for JOB (every status, cached, skipped), its progress (img/s, ETA) and
     what it cost, named by what measured it: CPU-seconds on a CPU engine, GPU-seconds on a GPU
     (exit 1 if there is no such job). A table on a terminal, JSON when piped or with --json."""
-    from ocrq.jobcost import job_cost
+    from ocrq.jobs.cost import job_cost
     from producer.progress import job_progress
 
     settings = command_settings()
@@ -157,7 +157,7 @@ def reprocess(job: str | None = typer.Option(None, "--job", "-j"),
               timeout: float | None = typer.Option(None, help="seconds to wait at most")) -> None:
     """Re-run failed images (all jobs, or one) with a fresh attempt budget, on each job's own
     queue and priority (exit codes: `ocrq --help`)."""
-    from ocrq.failed import registered
+    from ocrq.jobs.failed import registered
     from producer.errors import ImagesFailed
 
     client = make_client(command_settings())

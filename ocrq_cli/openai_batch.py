@@ -106,7 +106,7 @@ def export(job: str, fmt: str, out: Path | None, wait: bool, timeout: float | No
     """Write JOB's OpenAI Batch files: to ``out`` (a directory), else to the store's
     ``results/{job}/export/openai-batch/``; what is final now (``wait``: follow the job to its
     end), ``_SUCCESS`` last once every line is final."""
-    from ocrq.openai_responses import export_to_store
+    from ocrq.output.openai_responses import export_to_store
     from producer.openai_batch import write_files
 
     if fmt != "openai-batch":

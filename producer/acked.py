@@ -8,7 +8,7 @@ submission the producer asks the master to ``WAIT`` for ``redis.ack_replicas`` r
 the connection's own last write; replication is ordered, so the writes before it are covered),
 and checks that the master it waited on is the one it wrote to (``master_replid``: a promoted
 replica gets a new one). If either fails, the submission is written again: the same submission
-again resumes it or finds it written (ocrq.feed), so a write that survived is not repeated.
+again resumes it or finds it written (ocrq.jobs.feed), so a write that survived is not repeated.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ocrq import keys
-from ocrq.redis_conn import is_sentinel, redacted
+from ocrq.broker.redis_conn import is_sentinel, redacted
 from ocrq.settings import RedisSettings
 from producer.errors import NotReplicated
 

@@ -5,7 +5,7 @@
     job.wait()
     for result in job.results(): ...
 
-Submitting first plans the intake (``ocrq.intake``): every file found is accepted, skipped (by the
+Submitting first plans the intake (``producer.intake``): every file found is accepted, skipped (by the
 documented rule) or refused, and a submission with any refused ref publishes nothing. Then it
 reads the accepted refs (spooled on disk: millions are fine) twice: it records each image as
 ``queued`` in the job index, then publishes chunks of ``queue.chunk_size`` refs per message. Image ids derive
@@ -22,26 +22,25 @@ from typing import Any
 
 import redis
 
-from ocrq import keys, names, redis_conn
+from ocrq import keys, markers, names
+from ocrq.broker import publish, redis_conn
+from ocrq.broker.queue import make_celery
 from ocrq.capabilities import refusal
-from ocrq.export import invalidate, request_export
-from ocrq.export import results as export_results
-from ocrq.feed import WINDOW, Feed, read_entries, shard_bytes, submission_id
-from ocrq.intake import IntakePlan, Uploaded, plan_intake
-from ocrq.jobs import JobIndex
+from ocrq.jobs.feed import WINDOW, Feed, Submission, read_entries, shard_bytes, submission_id
+from ocrq.jobs.index import JobIndex
 from ocrq.messages import (
-    FINISH_JOB_TASK,
     Chunk,
     Item,
     check_task,
     checked_message,
     message_bytes,
 )
-from ocrq.parts import read_index
-from ocrq.queue import make_celery
+from ocrq.output.export import invalidate, request_export
+from ocrq.output.export import results as export_results
+from ocrq.output.parts import read_index
 from ocrq.redact import redact_text
 from ocrq.settings import LimitSettings, Settings
-from ocrq.storage import ResultStore, make_s3_client, make_store
+from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from producer.acked import acknowledged
 from producer.errors import (
     BrokerFull,
@@ -53,6 +52,7 @@ from producer.errors import (
     UnsupportedTask,
     unreachable,
 )
+from producer.intake import IntakePlan, Uploaded, plan_intake
 from producer.job import Job
 
 __all__ = ["BrokerFull", "Client", "SubmissionRefused", "UnknownJob"]
@@ -148,7 +148,7 @@ class Client:
         live workers report, else the current directory. Local refs must also lie inside a live
         worker's roots, so the producer never publishes what every worker would refuse.
         ``limits``: other rules than the settings' (a tenant's, through the API); ``uploaded``: a
-        manifest the caller sent (``ocrq.intake.Uploaded``)."""
+        manifest the caller sent (``producer.intake.Uploaded``)."""
         limits = limits if limits is not None else self.settings.limits
         workers = self.worker_roots()
         if not limits.allowed_roots and workers:
@@ -161,10 +161,10 @@ class Client:
                progress: Progress | None = None, openai_batch: bool = False,
                meta: dict[str, Any] | None = None) -> Job:
         """Submit every accepted ref as job ``job``: recorded, written to the store, and fed to
-        the workers ``queue.window`` images at a time (ocrq.feed). Refs (or a ``plan`` of them)
+        the workers ``queue.window`` images at a time (ocrq.jobs.feed). Refs (or a ``plan`` of them)
         with any refused entry raise ``SubmissionRefused`` and publish nothing. ``parquet``: the
-        job's export at completion also has a Parquet file (ocrq.export); ``openai_batch``: and OpenAI
-        Batch output and error files (ocrq.openai_responses). The same submission
+        job's export at completion also has a Parquet file (ocrq.output.export); ``openai_batch``: and OpenAI
+        Batch output and error files (ocrq.output.openai_responses). The same submission
         again resumes it (a producer killed mid-way); ``republish`` then also sends again what no
         worker finished (after Redis lost data). ``progress(phase, done, total)`` follows it.
         ``meta``: more of the job's meta (what the API keeps: its webhook, metadata)."""
@@ -246,13 +246,24 @@ class Client:
         self.index.create(job, {"task": task, "params": params, "queue": queue, "priority": priority,
                                 "exports": exports,
                                 "skipped": plan.skipped, "skipped_sample": skipped, **meta})
-        # window by window: record the refs (a marker each), write the shard of those this
-        # submission added, and feed; workers start on the first window while the rest is written.
-        # The job cannot finish meanwhile (keys.job_submitting): never an export of half of it
+        first = sub.written
+        added = self._write_windows(plan, job, sub, final, progress)
+        feed.top_up(job)
+        self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
+        # nothing left to run (no accepted file, or all already final): export now
+        self.request_export(job, queue)
+        return Job(self, job, published=added, plan=plan, resumed=not new)
+
+    def _write_windows(self, plan: IntakePlan, job: str, sub: Submission, final: set[str],
+                       progress: Progress | None) -> int:
+        """Window by window: record the refs (a marker each), write the shard of those this
+        submission added, and feed; workers start on the first window while the rest is written.
+        The job cannot finish meanwhile (keys.job_submitting): never an export of half of it.
+        Returns how many images the submission added."""
+        feed = self.feed
         guard = keys.job_submitting(job)
         self.redis.set(guard, sub.sub, ex=_SUBMITTING_TTL_S)
-        mine = b"q%d" % sub.ordinal
-        first = sub.written
+        mine = markers.queued(sub.ordinal)
         added = 0
         for n, window in enumerate(read_entries(plan.items())):
             if n < sub.written:  # a resumed submit: this shard is written (its refs recorded)
@@ -275,11 +286,7 @@ class Client:
                 progress("submitting", min((n + 1) * WINDOW, plan.accepted), plan.accepted)
         # (a producer killed mid-way leaves the guard to expire: the same command again resumes)
         self.redis.delete(guard)
-        feed.top_up(job)
-        self.index.add_requests(job, max(0, sub.windows - first), 0)  # the shards written now
-        # nothing left to run (no accepted file, or all already final): export now
-        self.request_export(job, queue)
-        return Job(self, job, published=added, plan=plan, resumed=not new)
+        return added
 
     def _check_sizes(self, plan: IntakePlan, job: str) -> None:
         """``TooLarge`` before anything is recorded, for a ref whose message alone would exceed
@@ -308,7 +315,7 @@ class Client:
         queue = queue or self.index.meta(job).get("queue") or self.settings.queue.name
 
         def send(task_id: str) -> None:
-            self.app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue)
+            publish.finish(self.app, job, task_id, queue)
 
         return request_export(self.redis, self.index, job, send, self.settings.redis.job_ttl)
 

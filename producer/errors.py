@@ -37,7 +37,7 @@ from ocrq.errors import RefusedRef, TooLarge
 from ocrq.redact import redact_message, redact_text, redact_url, shown_ref
 
 if TYPE_CHECKING:
-    from ocrq.intake import IntakePlan
+    from producer.intake import IntakePlan
 
 EXIT_OK = 0
 EXIT_ERROR = 1

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.export import results as export_results
-from ocrq.intake import IntakePlan
-from ocrq.jobs import JobIndex, finished
+from ocrq.jobs.index import JobIndex, finished
+from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from producer.errors import UnknownJob
+from producer.intake import IntakePlan
 
 __all__ = ["Job", "JobSource", "UnknownJob"]
 

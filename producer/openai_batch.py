@@ -4,10 +4,10 @@
     handle = submit_batch(client, batch, job="invoices")            # its accepted lines, one image each
     write_files(client, "invoices", Path("out/"), follow=True)      # out/output.jsonl, errors.jsonl, _SUCCESS
 
-Each line is parsed (``ocrq.openai_requests``); its image becomes a ref (a ``data:`` URI written
-once to the store, ``ocrq.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
+Each line is parsed (``producer.openai_requests``); its image becomes a ref (a ``data:`` URI written
+once to the store, ``producer.inline_images``; a URL, ``s3://`` key or path checked as any ref is), its
 ``custom_id`` the image's manifest row, its task and params the image's own. A line that cannot
-run gets an error line (``ocrq.openai_responses.rejected_line``) written to the store before
+run gets an error line (``ocrq.output.openai_responses.rejected_line``) written to the store before
 anything is published; the others run. The accepted lines are one submission (``Client.submit``),
 identified by its content: the same file again is a no-op for lines already done, and resumes a
 submission a killed producer left half written.
@@ -29,20 +29,20 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ocrq import keys, names
 from ocrq.capabilities import refusal
 from ocrq.errors import OcrqError, RefusedRef, TooLarge
-from ocrq.fetch import fetch
-from ocrq.inline_images import InlineImages, is_data_uri
-from ocrq.intake import IntakePlan, check_ref
-from ocrq.jobs import finished
-from ocrq.lines import LongLine, capped_lines
-from ocrq.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
-from ocrq.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
+from ocrq.jobs.index import finished
+from ocrq.net.fetch import fetch
+from ocrq.output.openai_responses import BatchFiles, custom_ids, final_lines, rejected, rejected_line
 from ocrq.refs import parse
 from ocrq.results import json_line
 from ocrq.s3errors import s3_error
 from ocrq.settings import LimitSettings
 from producer.client import Client
 from producer.errors import InvalidName, UnsupportedTask
+from producer.inline_images import InlineImages, is_data_uri
+from producer.intake import IntakePlan, check_ref
 from producer.job import Job
+from producer.lines import LongLine, capped_lines
+from producer.openai_requests import DuplicateCustomId, InvalidLine, custom_id_of, parse_line
 
 #: the largest input file read from a URL (OpenAI's own limit for a batch file)
 MAX_URL_FILE_BYTES = 200 * 1024 * 1024
@@ -71,7 +71,7 @@ def read_lines(client: Client, source: str, cap: int = MAX_URL_FILE_BYTES,
                digest: Any | None = None) -> tuple[Iterator[bytes | LongLine], Path | str | None]:
     """The lines of ``source`` (a path, ``s3://bucket/key`` or an http(s) URL) and where a relative
     image path in it resolves (the file's directory, or its S3 "folder"). A line over ``cap``
-    bytes is a ``LongLine``, read through, never held (``ocrq.lines``); ``digest`` (hashlib) is
+    bytes is a ``LongLine``, read through, never held (``producer.lines``); ``digest`` (hashlib) is
     fed every byte of the file."""
     if source.startswith("s3://"):
         ref = parse(source, client.settings.limits)
@@ -95,6 +95,42 @@ def read_lines(client: Client, source: str, cap: int = MAX_URL_FILE_BYTES,
     return local(), path.resolve().parent
 
 
+@dataclass
+class _LineCheck:
+    """One line of a batch checked, and accepted into the plan (else a typed error): what the
+    lines share (the rules, the live workers' roots and engines, the job's inline images) and what
+    they have seen so far (custom ids, hosts checked)."""
+
+    limits: LimitSettings
+    workers: list[Path]
+    engines: list[dict[str, Any]]
+    inline: InlineImages
+    base: Path | str | None
+    #: sha256[:8] of each custom_id -> its line
+    seen: dict[bytes, int] = field(default_factory=dict)
+    hosts: dict[tuple[str, int], str | None] = field(default_factory=dict)
+
+    def accept(self, plan: IntakePlan, raw: bytes, n: int) -> None:
+        req = parse_line(raw)
+        if len(req.custom_id) > MAX_CUSTOM_ID_CHARS:
+            raise InvalidLine(f"custom_id of {len(req.custom_id)} characters (at most {MAX_CUSTOM_ID_CHARS})")
+        key = hashlib.sha256(req.custom_id.encode()).digest()[:8]
+        if key in self.seen:
+            raise DuplicateCustomId(f"custom_id {req.custom_id!r} repeats line {self.seen[key]}: the first runs")
+        self.seen[key] = n
+        why = refusal(req.task, req.params, self.engines)
+        if why is not None:
+            raise UnsupportedTask(why)
+        if is_data_uri(req.image):
+            ref = self.inline.ref(req.image)
+        else:
+            ref = parse(req.image, self.limits, self.base).value
+            reason = check_ref(ref, self.limits, self.workers, self.hosts)
+            if reason is not None:
+                raise RefusedRef(reason)
+        plan.accept(ref, {"custom_id": req.custom_id}, req.spec())
+
+
 def plan_batch(client: Client, source: str, *, job: str, read: Callable[[int], bytes] | None = None,
                limits: LimitSettings | None = None) -> BatchPlan:
     """Read and check every line of ``source`` for job ``job``; nothing is published (inline images
@@ -110,11 +146,8 @@ def plan_batch(client: Client, source: str, *, job: str, read: Callable[[int], b
     if not limits.allowed_roots and workers:
         limits = limits.model_copy(update={"allowed_roots": workers})
     inline = InlineImages(client.store, limits.max_bytes, job)
-    engines = client.engine_capabilities()  # a line no live engine can honour is rejected
-    hosts: dict[tuple[str, int], str | None] = {}
     # (a data: URI is base64: 4/3 of its bytes; the rest of a line is small)
     max_line = limits.max_bytes * 4 // 3 + (1 << 20)
-    seen: dict[bytes, int] = {}  # sha256[:8] of each custom_id -> its line
     digest = hashlib.sha256()
     base: Path | str | None = None
     if read is None:
@@ -123,6 +156,8 @@ def plan_batch(client: Client, source: str, *, job: str, read: Callable[[int], b
         lines = capped_lines(read, max_line, digest)
     plan = IntakePlan.new()
     batch = BatchPlan(source, "", plan, job=job)
+    # a line no live engine can honour is rejected
+    check = _LineCheck(limits, workers, client.engine_capabilities(), inline, base)
     failures: list[tuple[str, int, OcrqError]] = []
     for n, raw in enumerate(lines, 1):
         if isinstance(raw, LongLine):  # read through, never held
@@ -134,24 +169,7 @@ def plan_batch(client: Client, source: str, *, job: str, read: Callable[[int], b
             continue
         batch.lines += 1
         try:
-            req = parse_line(raw)
-            if len(req.custom_id) > MAX_CUSTOM_ID_CHARS:
-                raise InvalidLine(f"custom_id of {len(req.custom_id)} characters (at most {MAX_CUSTOM_ID_CHARS})")
-            key = hashlib.sha256(req.custom_id.encode()).digest()[:8]
-            if key in seen:
-                raise DuplicateCustomId(f"custom_id {req.custom_id!r} repeats line {seen[key]}: the first runs")
-            seen[key] = n
-            why = refusal(req.task, req.params, engines)
-            if why is not None:
-                raise UnsupportedTask(why)
-            if is_data_uri(req.image):
-                ref = inline.ref(req.image)
-            else:
-                ref = parse(req.image, limits, base).value
-                reason = check_ref(ref, limits, workers, hosts)
-                if reason is not None:
-                    raise RefusedRef(reason)
-            plan.accept(ref, {"custom_id": req.custom_id}, req.spec())
+            check.accept(plan, raw, n)
         except OcrqError as exc:
             failures.append((custom_id_of(raw), n, exc))
     inline.flush()  # every inline image is in the store before any ref to it is published

@@ -5,7 +5,7 @@ throughput over the last minutes, for the command line, the HTTP API and a jobs 
     p.finished, p.total, p.img_per_s, p.eta_s, p.series    # p.as_dict(): the same as JSON
 
 The counts are the job index's (exact, moving a chunk at a time); ``finished`` adds what the
-workers' engines finished since their chunks were last recorded (``ocrq.progress``: display
+workers' engines finished since their chunks were last recorded (``ocrq.jobs.progress``: display
 only), so it moves image by image. The rate is over the last ``RATE_WINDOW_S`` seconds of the
 series. Three round trips (counts, meta, progress), whatever the job's size.
 """
@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ocrq.jobs import JobIndex, settled
-from ocrq.progress import BUCKET_S, BUCKETS, RawProgress, read, window_of
+from ocrq.jobs.index import JobIndex, settled
+from ocrq.jobs.progress import BUCKET_S, BUCKETS, RawProgress, read, window_of
 
 #: the rate "now" is the images finished over about this many seconds
 RATE_WINDOW_S = 10.0

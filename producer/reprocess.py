@@ -11,7 +11,7 @@ has not started runs (the record script turns it "x" when a worker meets it, the
 when its shard comes up, ``JobIndex.cancel_pending`` at once for the rest); the images running
 finish and are kept. When the last of them is final, the job's export is written with what
 finished, and its ``_SUCCESS`` says ``cancelled``; the cancelled images get documents there
-(``ocrq.export``), so a cancelled job archived reads whole and can be reprocessed.
+(``ocrq.output.export``), so a cancelled job archived reads whole and can be reprocessed.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from ocrq import keys
-from ocrq.export import invalidate
-from ocrq.export import results as export_results
-from ocrq.failed import FailedImage, registered
-from ocrq.feed import WINDOW
-from ocrq.jobs import JobIndex, finished
-from ocrq.messages import OCR_CHUNK_TASK, Chunk, Item, checked_message, chunk_argsrepr, chunk_groups, message_bytes
+from ocrq.broker import publish
+from ocrq.jobs.failed import FailedImage, registered
+from ocrq.jobs.feed import WINDOW
+from ocrq.jobs.index import JobIndex, finished
+from ocrq.messages import Item
+from ocrq.output.export import invalidate
+from ocrq.output.export import results as export_results
 from ocrq.results import ImageRecord, ImageResult, ImageStatus
 from ocrq.settings import Settings
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 from producer.errors import UnknownJob
 
 
@@ -145,14 +146,7 @@ def _publish(client: Client, job: str, meta: dict[str, Any], items: list[Item], 
     """``items`` as chunk messages on the job's queue and priority (chunks capped by count and by
     ``queue.max_message_bytes``, as the feed makes them)."""
     q = client.settings.queue
-    task, params, priority = meta.get("task", "text"), meta.get("params", {}), meta.get("priority") or 0
-    envelope = message_bytes(Chunk(job=job, task=task, params=params, items=[]).to_message())
-    with client.app.producer_or_acquire() as producer:
-        for part in chunk_groups(items, q.chunk_size, q.max_message_bytes, overhead=envelope + 64):
-            message = checked_message(Chunk(job=job, task=task, params=params, items=part, priority=priority),
-                                      q.max_message_bytes)
-            client.app.send_task(OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
-                                 task_id=keys.chunk_id(job, part[0].id, len(part)) + "-r" + stamp,
-                                 queue=meta.get("queue") or q.name, priority=meta.get("priority"),
-                                 producer=producer)
+    publish.chunks(client.app, job, items, task=meta.get("task", "text"), params=meta.get("params", {}),
+                   queue=meta.get("queue") or q.name, priority=meta.get("priority"), chunk_size=q.chunk_size,
+                   max_message_bytes=q.max_message_bytes, id_suffix="-r" + stamp)
     return len(items)

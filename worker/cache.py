@@ -4,8 +4,8 @@
 A key is sha256(bytes) + engine revision + task + params (ocrq.keys.cache_key), so a hit is
 exactly "this engine already read these bytes this way". Lookups are one Redis round trip for a
 whole chunk, then one batched store read (``get_many``) for the Redis misses (which also re-warm
-Redis); writes are one batched store write (with the chunk's result documents), then one script
-that adds the hot copies.
+Redis); writes are the durable copies, stored by the chunk's store step in one call with its
+result documents (``durable_writes``), then one script that adds the hot copies (``warm``).
 
 The hot copy has its own byte budget (``redis.cache_max_bytes``), enforced here whatever server
 holds it (``redis.cache_url``, default the broker's own): entries go into the current
@@ -15,20 +15,26 @@ generations live, so the hot copies never hold more than the budget (plus one ch
 and a dedicated cache server's own ``maxmemory``/``allkeys-lru`` is only a second line. What the
 hot copy holds is an optimisation: a Redis that cannot be read or written costs store reads, never
 a chunk (the durable copy is written first).
+
+The scripts are given the keys they touch (``KEYS``): the generation this cache last saw current
+and the one before it. When another generation has started since (another worker's write), the
+script writes or reads nothing and says which one is current; the call is made again with its
+keys (one more round trip per worker per generation).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from ocrq import keys
+from ocrq.broker import scripts
 from ocrq.results import OcrOutput
-from ocrq.storage import ResultStore
+from ocrq.store.storage import ResultStore
 
 log = logging.getLogger("ocrq.cache")
 
@@ -41,6 +47,8 @@ _OUTPUTS: TypeAdapter[Outputs] = TypeAdapter(Outputs)
 ENTRY_OVERHEAD = 96
 #: seconds between two warnings about an unreachable hot cache
 _WARN_EVERY_S = 60.0
+#: calls of a script per lookup or write when generations start meanwhile (then: a miss, no copy)
+_TRIES = 3
 
 
 def _dump(outputs: Outputs) -> bytes:
@@ -52,48 +60,6 @@ def _load(raw: bytes) -> Outputs:
     return _OUTPUTS.validate_json(raw)
 
 
-# KEYS[1]: the state hash (keys.HOT_STATE). ARGV: generation key prefix, half the budget, ttl,
-# entry overhead, then (cache key, value) pairs. Adds the pairs to the current generation and
-# counts their bytes; at half the budget the next generation starts and the one before the
-# current goes (UNLINK: freed off Redis's main thread).
-_PUT_LUA = """
-local prefix, half, ttl, overhead = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
-local cur = prefix .. gen
-local size = 0
-for i = 5, #ARGV, 2 do
-  redis.call('HSET', cur, ARGV[i], ARGV[i + 1])
-  size = size + #ARGV[i] + #ARGV[i + 1] + overhead
-end
-redis.call('EXPIRE', cur, ttl)
-local used = redis.call('HINCRBY', KEYS[1], 'bytes', size)
-if used >= half then
-  redis.call('HSET', KEYS[1], 'gen', gen + 1, 'bytes', 0)
-  redis.call('UNLINK', prefix .. (gen - 1))
-end
-redis.call('EXPIRE', KEYS[1], ttl)
-return gen
-"""
-
-# KEYS[1]: the state hash. ARGV: generation key prefix, then the cache keys. The values from the
-# current generation, else the one before it (false where neither has the key).
-_GET_LUA = """
-local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
-local wanted = {}
-for i = 2, #ARGV do wanted[#wanted + 1] = ARGV[i] end
-local out = redis.call('HMGET', ARGV[1] .. gen, unpack(wanted))
-local missing, at = {}, {}
-for i, v in ipairs(out) do
-  if not v then missing[#missing + 1] = wanted[i]; at[#at + 1] = i end
-end
-if #missing > 0 and gen > 0 then
-  local older = redis.call('HMGET', ARGV[1] .. (gen - 1), unpack(missing))
-  for j, v in ipairs(older) do out[at[j]] = v end
-end
-return out
-"""
-
-
 class ResultCache:
     """``redis``: the client of the server that holds the hot copies (``redis.cache_url``);
     ``max_bytes`` 0 turns the hot copy off (every lookup goes to the store)."""
@@ -103,9 +69,33 @@ class ResultCache:
         self.store = store
         self.ttl = ttl
         self.max_bytes = max_bytes
-        self._put = redis.register_script(_PUT_LUA)
-        self._get = redis.register_script(_GET_LUA)
+        self._put = scripts.plain(redis, "hot_put")
+        self._get = scripts.plain(redis, "hot_get")
         self._warned = 0.0
+        #: the generation last seen current (a guess: the scripts check it)
+        self._gen = 0
+
+    def _keys(self, gen: int) -> list[str]:
+        return [keys.HOT_STATE, keys.hot_generation(gen), keys.hot_generation(gen - 1)]
+
+    def _read(self, unique: list[str]) -> list[bytes | None]:
+        """The hot copies of ``unique`` (None where there is none), from the current generation
+        or the one before it."""
+        for _ in range(_TRIES):
+            gen = self._gen
+            raw = self._get(keys=self._keys(gen), args=[gen, *unique])
+            self._gen = int(raw[0])
+            if len(raw) > 1:
+                return list(raw[1:])
+        return [None] * len(unique)
+
+    def _write(self, args: list[Any]) -> None:
+        """``(cache key, value)`` pairs (``args``) into the current generation."""
+        for _ in range(_TRIES):
+            gen = self._gen
+            written, self._gen = (int(x) for x in self._put(keys=self._keys(gen), args=[gen, *args]))
+            if written:
+                return
 
     def get_many(self, cache_keys: Sequence[str], reads: list[int] | None = None) -> dict[str, Outputs]:
         """The outputs cached for ``cache_keys`` (found ones only). ``reads``: the store reads
@@ -116,8 +106,7 @@ class ResultCache:
         found: dict[str, Outputs] = {}
         if self.max_bytes > 0:
             try:
-                raw = self._get(keys=[keys.HOT_STATE], args=[keys.hot_generation(""), *unique])
-                found = {k: _load(v) for k, v in zip(unique, raw, strict=True) if v}
+                found = {k: _load(v) for k, v in zip(unique, self._read(unique), strict=True) if v}
             except Exception as exc:  # redis.ConnectionError and friends: the store answers instead
                 self._warn("read", exc)
         misses = [k for k in unique if k not in found]
@@ -130,26 +119,36 @@ class ResultCache:
         found.update(warm)
         return found
 
-    def put_many(self, entries: Mapping[str, Outputs], documents: Sequence[tuple[str, Any]] = (),
-                 new: Collection[str] = ()) -> None:
-        """Durable copy first, then the hot copy (a hot entry always has a durable one).
-        ``documents``: other store writes of the chunk, stored in the same call (one SQLite
-        transaction) as the durable copies; ``new``: those only created (``ResultStore.put_many``)."""
-        encoded = {k: _dump(outs) for k, outs in entries.items()}
-        writes = [(keys.cache_object(k), raw) for k, raw in encoded.items()] + list(documents)
-        if writes:
-            self.store.put_many(writes, new=new)
+    def put_many(self, entries: Mapping[str, Outputs]) -> None:
+        """Durable copy first, then the hot copy (a hot entry always has a durable one)."""
+        encoded = self.encode(entries)
         if encoded:
-            self._set_redis(encoded)
+            self.store.put_many(self.durable_writes(encoded))
+            self.warm(encoded)
+
+    @staticmethod
+    def encode(entries: Mapping[str, Outputs]) -> dict[str, bytes]:
+        """Each entry's JSON, once: the durable and the hot copy share it."""
+        return {k: _dump(outs) for k, outs in entries.items()}
+
+    @staticmethod
+    def durable_writes(encoded: Mapping[str, bytes]) -> list[tuple[str, Any]]:
+        """The store writes of ``encoded``'s durable copies (the caller stores them, with the
+        chunk's other writes in the same call: the store step, worker.chunk.store)."""
+        return [(keys.cache_object(k), raw) for k, raw in encoded.items()]
+
+    def warm(self, encoded: Mapping[str, bytes]) -> None:
+        """The hot copies of entries whose durable copies are stored (best effort)."""
+        self._set_redis(encoded)
 
     def _set_redis(self, encoded: Mapping[str, bytes]) -> None:
         if self.max_bytes <= 0:
             return
-        args: list[Any] = [keys.hot_generation(""), self.max_bytes // 2, self.ttl, ENTRY_OVERHEAD]
+        args: list[Any] = [self.max_bytes // 2, self.ttl, ENTRY_OVERHEAD]
         for key, value in encoded.items():
             args += [key, value]
         try:
-            self._put(keys=[keys.HOT_STATE], args=args)
+            self._write(args)
         except Exception as exc:  # a full or unreachable cache Redis: the durable copy stands
             self._warn("write", exc)
 

@@ -97,19 +97,7 @@ def _config(size: Literal["full", "tiny"]) -> dict[str, Any]:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "hidden_act": "silu",
-        "bos_token_id": ids["bos"],
-        "eos_token_id": ids["eos"],
-        "eod_token_id": ids["eos"],
-        "pad_id": ids["pad"],
-        "pad_token_id": -1,
-        "sep_token_id": 0,
-        "image_start_token_id": ids["image_start"],
-        "image_end_token_id": ids["image_end"],
-        "image_token_id": ids["image"],
-        "image_newline_token_id": ids["image_newline"],
-        "im_start_id": ids["image_start"],
-        "im_end_id": ids["image_end"],
-        "im_newline_id": ids["image_newline"],
+        **_token_fields(ids),
         "initializer_range": 0.02,
         "max_position_embeddings": 32768,
         "rms_norm_eps": 1e-5,
@@ -124,20 +112,43 @@ def _config(size: Literal["full", "tiny"]) -> dict[str, Any]:
         "transformers_version": "4.49.0",
         "vocab_size": vocab,
         "org_vocab_size": vocab,
-        "vision_config": {
-            **vision,
-            "hidden_act": "gelu",
-            "interpolate_mode": "bilinear",
-            "max_image_size": 2048,
-            "min_image_size": 512,
-            "max_vit_seq_len": 16384,
-            "img_max_token_num": 4096,
-            "num_channels": 3,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "rms_norm_eps": 1e-5,
-            "cat_extra_token": 1,
-        },
+        "vision_config": _vision_config(vision),
+    }
+
+
+def _token_fields(ids: dict[str, int]) -> dict[str, Any]:
+    """The special tokens' ids, under every name the checkpoint's readers look them up by."""
+    return {
+        "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
+        "eod_token_id": ids["eos"],
+        "pad_id": ids["pad"],
+        "pad_token_id": -1,
+        "sep_token_id": 0,
+        "image_start_token_id": ids["image_start"],
+        "image_end_token_id": ids["image_end"],
+        "image_token_id": ids["image"],
+        "image_newline_token_id": ids["image_newline"],
+        "im_start_id": ids["image_start"],
+        "im_end_id": ids["image_end"],
+        "im_newline_id": ids["image_newline"],
+    }
+
+
+def _vision_config(vision: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **vision,
+        "hidden_act": "gelu",
+        "interpolate_mode": "bilinear",
+        "max_image_size": 2048,
+        "min_image_size": 512,
+        "max_vit_seq_len": 16384,
+        "img_max_token_num": 4096,
+        "num_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "rms_norm_eps": 1e-5,
+        "cat_extra_token": 1,
     }
 
 

@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ocrq import keys, redis_conn
+from ocrq import keys
+from ocrq.broker import redis_conn
 from ocrq.capabilities import CPU_ENGINES, capabilities
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
-from ocrq.settings import BatchSettings, Settings
-from ocrq.storage import ResultStore, make_s3_client, make_store
+from ocrq.settings import BatchSettings, EngineSettings, Settings
+from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.decoding.decode import Decoder, make_decoder
 from worker.engines.base import Engine, OcrRequest
@@ -63,7 +64,8 @@ class WorkerContext:
     device: str = "cpu"
     #: per-job progress between chunk records (worker.progress; None: not published)
     progress: ProgressCounter | None = None
-    _saved_observations: int = -1
+    #: this worker's Celery node name (``worker@host``), as its records name it
+    hostname: str | None = None
     _inflight: dict[str, Future[OcrOutput]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -106,18 +108,6 @@ class WorkerContext:
         """What this worker's engine honours (ocrq.capabilities), as its state publishes it."""
         return capabilities(self.settings.engine.kind, self.device)
 
-    def save_governor(self) -> None:
-        """Persist what the governor learned, when it learned something new (the key's TTL is
-        refreshed then too). Workers on identical GPUs share the key (docs/gpu.md): the snapshot
-        that has seen the most batches stays, so a worker that started cold next to a warm one
-        does not replace the warm one's learning with its first few batches."""
-        governor = self.loop.governor
-        seen = governor.calibrator.observations
-        if self.governor_key is None or seen in (0, self._saved_observations):
-            return
-        save_snapshot(self.redis, self.governor_key, governor.snapshot(), seen)
-        self._saved_observations = seen
-
     def close(self) -> None:
         if self.feeder is not None:
             self.feeder.stop()
@@ -133,34 +123,8 @@ class WorkerContext:
             self.decoder.close()
 
 
-#: SET the snapshot unless the stored one has seen more batches (then only refresh its TTL).
-#: Unreadable stored data is replaced. KEYS[1] snapshot key; ARGV: json, observations, ttl seconds
-_SAVE_IF_MORE_INFORMED = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local ok, snap = pcall(cjson.decode, cur)
-  if ok and type(snap) == 'table' and type(snap['calibration']) == 'table' then
-    local stored = tonumber(snap['calibration']['observations'])
-    if stored and stored > tonumber(ARGV[2]) then
-      redis.call('EXPIRE', KEYS[1], ARGV[3])
-      return 0
-    end
-  end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-return 1
-"""
-
-
-def save_snapshot(client: Any, key: str, snapshot: dict[str, Any], observations: int) -> bool:
-    """Store a governor snapshot unless the key holds one that has seen more batches (one atomic
-    script, so two workers saving at once cannot interleave). Returns whether it was written."""
-    return bool(client.eval(_SAVE_IF_MORE_INFORMED, 1, key, json.dumps(snapshot), observations,
-                            keys.GOVERNOR_PROFILE_TTL_S))
-
-
 def build_context(settings: Settings, queues: list[str] | None = None,
-                  startup: StartupClock | None = None) -> WorkerContext:
+                  startup: StartupClock | None = None, hostname: str | None = None) -> WorkerContext:
     """The engine starts on a thread of its own, and what does not depend on it is made while it
     builds: the clients (Redis, store, S3, the decoder's processes, metrics), on this thread, or for
     vLLM in the warm-up's thread once vLLM's engine core is building (this process then only waits
@@ -169,14 +133,7 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     engine, whose capacity they plan with."""
     from worker.engine_kinds import build_engine
 
-    engine_settings = settings.engine
-    if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
-        # one cap for engine and governor: vLLM then claims no more than the governor plans with
-        engine_settings = engine_settings.model_copy(update={"memory_cap_bytes": settings.batch.memory_cap_bytes})
-    if engine_settings.kind == "vllm" and engine_settings.compile_cache_dir is None:
-        engine_settings = engine_settings.model_copy(
-            update={"compile_cache_dir": settings.var_dir / "vllm-cache"})
-    engine = build_engine(engine_settings)
+    engine = build_engine(engine_settings_of(settings))
     log.info("engine %s starting", settings.engine.kind)
     startup = startup or StartupClock()
     made: list[tuple[_Clients, float]] = []
@@ -221,7 +178,19 @@ def build_context(settings: Settings, queues: list[str] | None = None,
     else:  # the core was ready before the warm-up got to them
         make_clients()
         startup.mark("clients")
-    return made[0][0].context(settings, engine, queues, startup)
+    return made[0][0].context(settings, engine, queues, startup, hostname)
+
+
+def engine_settings_of(settings: Settings) -> EngineSettings:
+    """The engine's settings as the worker runs it: one memory cap for engine and governor (vLLM
+    then claims no more than the governor plans with), vLLM's compile cache under the var dir."""
+    engine_settings = settings.engine
+    if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
+        engine_settings = engine_settings.model_copy(update={"memory_cap_bytes": settings.batch.memory_cap_bytes})
+    if engine_settings.kind == "vllm" and engine_settings.compile_cache_dir is None:
+        engine_settings = engine_settings.model_copy(
+            update={"compile_cache_dir": settings.var_dir / "vllm-cache"})
+    return engine_settings
 
 
 class _StartEngine:
@@ -278,7 +247,7 @@ class _Clients:
             self.decoder.close()
 
     def context(self, settings: Settings, engine: Engine, queues: list[str] | None,
-                startup: StartupClock) -> WorkerContext:
+                startup: StartupClock, hostname: str | None = None) -> WorkerContext:
         """The governor (from the engine's capacity and its saved snapshot) and the engine loop."""
         from worker.loop.engine_loop import EngineLoop
         from worker.memory.nvml import NullProbe
@@ -305,7 +274,7 @@ class _Clients:
                               settings.redis.cache_max_bytes),
             index=JobIndex(self.redis, settings.redis.job_ttl), engine=engine, loop=loop, fetch_pool=self.pool,
             governor_key=governor_key, metrics=metrics, decoder=self.decoder, startup=startup, device=device,
-            progress=progress,
+            progress=progress, hostname=hostname,
         )
 
 

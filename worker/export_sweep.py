@@ -1,7 +1,7 @@
 """Finished jobs without their export, asked for again: a job that is final always gets its export
 and its archive, however long Redis refused writes or stayed away when its last image ended.
 
-The export is asked for by the chunk that finishes the job (``ocrq.export.request_export``). That
+The export is asked for by the chunk that finishes the job (``ocrq.output.export.request_export``). That
 one request can fail (Redis away at that moment, the worker killed between its records and the
 request), and no later chunk would ask again: an ETL sensor waiting for ``_SUCCESS`` would wait
 forever. So every ``redis.export_sweep_s`` one worker of the fleet (``keys.EXPORT_SWEEP``, SET NX
@@ -27,9 +27,9 @@ from itertools import islice
 from typing import Any
 
 from ocrq import keys, names
-from ocrq.export import finished, request_export
-from ocrq.jobs import JobIndex
-from ocrq.scripts import set_nx
+from ocrq.broker.scripts import set_nx
+from ocrq.jobs.index import JobIndex
+from ocrq.output.export import finished, request_export
 
 log = logging.getLogger("ocrq.export_sweep")
 

@@ -1,5 +1,5 @@
 """Every worker feeds: a thread that tops up the queue from the jobs' submission shards
-(``ocrq.feed``) after each chunk this worker finishes (``poke``), and every few seconds for
+(``ocrq.jobs.feed``) after each chunk this worker finishes (``poke``), and every few seconds for
 every job in ``keys.FEEDING`` (a producer that stopped after writing its shards, a worker that
 died mid-feed). Feeding a shard is one atomic script: any number of workers may feed at once."""
 
@@ -9,7 +9,7 @@ import logging
 import threading
 
 from ocrq import keys, names
-from ocrq.feed import Feed
+from ocrq.jobs.feed import Feed
 
 log = logging.getLogger("ocrq.feeder")
 

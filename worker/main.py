@@ -7,10 +7,11 @@ import os
 import socket
 from typing import Any
 
-from celery import signals
+from celery import Celery, signals
 
-from ocrq.feed import Feed
-from ocrq.queue import make_celery
+from ocrq.broker import publish
+from ocrq.broker.queue import make_celery
+from ocrq.jobs.feed import Feed
 from ocrq.settings import Settings
 from worker import gcwatch
 from worker.context import WorkerContext, build_context
@@ -20,7 +21,7 @@ from worker.memory.nvml import pin_pci_order
 from worker.prefetch import make_prefetch_step
 from worker.reaper import make_reaper_step
 from worker.startup import StartupClock
-from worker.tasks import register_tasks, send_finish
+from worker.tasks import register_tasks
 
 log = logging.getLogger("ocrq.worker")
 
@@ -51,7 +52,7 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
     ))
 
     @signals.worker_init.connect(weak=False)
-    def _start_engine(**_: Any) -> None:
+    def _start_engine(sender: Any = None, **_: Any) -> None:
         # which device this process was given, in its log: Celery's process title (setproctitle)
         # overwrites /proc/<pid>/environ, so the log is where ops (and tests) can read it back
         log.info("device: CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_ORDER=%s metrics port %s",
@@ -59,22 +60,9 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
                  settings.metrics_port or "-")
         startup.mark("celery")
         # the engine is ready before the consumer takes its first message
-        ctx = holder["ctx"] = build_context(settings, queues, startup)
-        q = settings.queue
-        ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
-                                 max_message_bytes=q.max_message_bytes))
-        ctx.feeder.start()
-        ctx.sweeper = ExportSweeper(ExportSweep(
-            ctx.redis, ctx.index, lambda job, tid, queue: send_finish(app, job, tid, queue),
-            interval_s=settings.redis.export_sweep_s, stale_s=settings.redis.export_stale_s,
-            ttl=settings.redis.job_ttl, default_queue=q.name, owner=hostname or socket.gethostname()))
-        ctx.sweeper.start()
-        startup.mark("services")
-        # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
-        # process: out of the collector's reach, a full collection no longer walks it with the GIL
-        # held (the H200 worker: 10 full collections, 9.6 s, by the end of its first job)
-        log.info("gc: %d objects frozen after the engine start", gcwatch.freeze())
-        startup.mark("gc")
+        # (the worker's node name, as Celery expanded it: what its records name)
+        ctx = holder["ctx"] = build_context(settings, queues, startup, getattr(sender, "hostname", None))
+        start_services(app, ctx, startup, hostname)
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
@@ -90,8 +78,28 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
             ctx.close()
 
     name = hostname or f"ocrq-{settings.engine.kind}@{socket.gethostname()}"
-    argv = [
+    app.worker_main(argv=[
         "worker", "--pool=threads", f"--concurrency={conc}", "-Q", ",".join(queues or [settings.queue.name]),
         "-n", name, "-E", f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",
-    ]
-    app.worker_main(argv=argv)
+    ])
+
+
+def start_services(app: Celery, ctx: WorkerContext, startup: StartupClock, hostname: str | None) -> None:
+    """The worker's services (the feeder, the export sweep), its engine started; then its heap
+    frozen. ``hostname``: the ``--name`` it was given."""
+    settings = ctx.settings
+    q = settings.queue
+    ctx.feeder = Feeder(Feed(ctx.redis, ctx.store, ctx.index, app, window=q.window, chunk_size=q.chunk_size,
+                             max_message_bytes=q.max_message_bytes))
+    ctx.feeder.start()
+    ctx.sweeper = ExportSweeper(ExportSweep(
+        ctx.redis, ctx.index, lambda job, tid, queue: publish.finish(app, job, tid, queue, declare=False),
+        interval_s=settings.redis.export_sweep_s, stale_s=settings.redis.export_stale_s,
+        ttl=settings.redis.job_ttl, default_queue=q.name, owner=hostname or socket.gethostname()))
+    ctx.sweeper.start()
+    startup.mark("services")
+    # what exists now (vLLM, torch, the engine: millions of objects) lives as long as the
+    # process: out of the collector's reach, a full collection no longer walks it with the GIL
+    # held (the H200 worker: 10 full collections, 9.6 s, by the end of its first job)
+    log.info("gc: %d objects frozen after the engine start", gcwatch.freeze())
+    startup.mark("gc")

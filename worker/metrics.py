@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ocrq import metrics_server
 from ocrq.errors import Permanent, Retryable
 from ocrq.messages import TASKS
-from ocrq.metrics import queue_depth_family, redis_memory_families, replication_families
+from ocrq.metrics import server as metrics_server
+from ocrq.metrics.redis_series import queue_depth_family, redis_memory_families, replication_families
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import RedisSettings
 from worker.memory.nvml import MemoryProbe
@@ -151,7 +151,7 @@ class WorkerMetrics:
     # ---- serving ------------------------------------------------------------------------------
 
     def serve(self, addr: str, port: int, credentials: str | None = None) -> bool:
-        """Start the HTTP server (a daemon thread; ``credentials``: basic auth, ocrq.metrics_server).
+        """Start the HTTP server (a daemon thread; ``credentials``: basic auth, ocrq.metrics.server).
         A port already taken is logged, not fatal: the worker's job is OCR, and its state still
         reaches Redis for ``ocrq metrics``."""
         try:

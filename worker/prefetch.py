@@ -20,10 +20,8 @@ in its place is not held to half a window until the old entry goes stale.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -33,8 +31,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ocrq import keys
-from ocrq.refs import effective_roots
-from worker import gcwatch
+from worker.heartbeat import Heartbeat
 
 log = logging.getLogger("ocrq.prefetch")
 
@@ -62,8 +59,7 @@ CONSUMER_STALE_S = 10
 def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tuple[int, int, int]:
     """Register this worker as a consumer of ``queues``; return (messages held unacked by all
     workers, ready messages in ``queues``, live consumers of the most shared one)."""
-    from ocrq.metrics import queue_depth
-    from worker.reaper import UNACKED
+    from ocrq.metrics.redis_series import queue_depth
 
     pipe = redis.pipeline(transaction=False)
     for queue in queues:
@@ -72,7 +68,7 @@ def queue_peers(redis: Any, queues: list[str], hostname: str, now: float) -> tup
         pipe.zremrangebyscore(key, "-inf", now - CONSUMER_STALE_S)
         pipe.zcard(key)
         pipe.expire(key, keys.QUEUE_CONSUMERS_TTL_S)
-    pipe.hlen(UNACKED)
+    pipe.hlen(keys.CELERY_UNACKED)
     replies = pipe.execute()
     consumers = max(int(replies[i * 4 + 2]) for i in range(len(queues)))
     return int(replies[-1]), sum(queue_depth(redis, q) for q in queues), consumers
@@ -87,81 +83,69 @@ def leave_queues(redis: Any, queues: list[str], hostname: str) -> None:
     pipe.execute()
 
 
+class GovernorPrefetch(bootsteps.StartStopStep):
+    """The step; ``make_prefetch_step`` makes it for one worker (its class attributes)."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+    #: the worker context once it is built (None before)
+    get_state: Callable[[], Any | None]
+    chunk_size: int
+    concurrency: int
+    interval: float
+    #: the queues this worker consumes (None: no fair share, the window is the governor's alone)
+    queues: list[str] | None
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.tref: Any = None
+        self.hostname = getattr(parent, "hostname", None) or socket.gethostname()
+        self.heartbeat = Heartbeat(self.hostname, self.queues)
+
+    def start(self, c: Any) -> None:
+        self.tref = c.timer.call_repeatedly(self.interval, self.adjust, (c,), priority=10)
+
+    def stop(self, c: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+        ctx = self.get_state()
+        if self.queues and ctx is not None:
+            try:
+                leave_queues(ctx.redis, self.queues, self.hostname)
+            except Exception:  # Redis away: the entry goes stale on its own
+                log.debug("could not leave the queues' consumers", exc_info=True)
+
+    def adjust(self, c: Any) -> None:
+        ctx = self.get_state()
+        if ctx is None or c.qos is None:
+            return
+        reserved = list(worker_state.reserved_requests)
+        eta_held = sum(1 for r in reserved if getattr(r, "eta", None))
+        want = desired_prefetch(ctx.loop.desired_backlog(), self.chunk_size, self.concurrency, 0)
+        if self.queues:
+            try:
+                unacked, ready, consumers = queue_peers(ctx.redis, self.queues, self.hostname, time.time())
+                want = fair_share(want, unacked, ready, consumers)
+            except Exception:  # Redis away: the governor's window alone
+                log.debug("queue peers unavailable", exc_info=True)
+        want += eta_held
+        with c.qos._mutex:
+            if c.qos.value != want:
+                log.debug("prefetch %s -> %s", c.qos.value, want)
+                c.qos.value = want
+        c.qos.update()
+        self.heartbeat.beat(ctx, want)  # the worker's state with this window, once a second
+
+
 def make_prefetch_step(get_state: Callable[[], Any | None], chunk_size: int, concurrency: int,
                        interval: float = 1.0, queues: list[str] | None = None) -> type[bootsteps.StartStopStep]:
     """``get_state`` returns the worker context once it is built (None before); ``queues`` are the
     ones this worker consumes (None: no fair share, the window is the governor's alone)."""
 
-    class GovernorPrefetch(bootsteps.StartStopStep):
-        requires = {"celery.worker.consumer.tasks:Tasks"}
+    class Step(GovernorPrefetch):
+        # bootsteps name a step by its module and class: the name it always had
+        name = f"{__name__}.GovernorPrefetch"
 
-        def __init__(self, parent: Any, **kwargs: Any) -> None:
-            super().__init__(parent, **kwargs)
-            self.tref: Any = None
-            self.hostname = getattr(parent, "hostname", None) or socket.gethostname()
-
-        def start(self, c: Any) -> None:
-            self.tref = c.timer.call_repeatedly(interval, self.adjust, (c,), priority=10)
-
-        def stop(self, c: Any) -> None:
-            if self.tref is not None:
-                self.tref.cancel()
-                self.tref = None
-            ctx = get_state()
-            if queues and ctx is not None:
-                try:
-                    leave_queues(ctx.redis, queues, self.hostname)
-                except Exception:  # Redis away: the entry goes stale on its own
-                    log.debug("could not leave the queues' consumers", exc_info=True)
-
-        def adjust(self, c: Any) -> None:
-            ctx = get_state()
-            if ctx is None or c.qos is None:
-                return
-            reserved = list(worker_state.reserved_requests)
-            eta_held = sum(1 for r in reserved if getattr(r, "eta", None))
-            want = desired_prefetch(ctx.loop.desired_backlog(), chunk_size, concurrency, 0)
-            if queues:
-                try:
-                    unacked, ready, consumers = queue_peers(ctx.redis, queues, self.hostname, time.time())
-                    want = fair_share(want, unacked, ready, consumers)
-                except Exception:  # Redis away: the governor's window alone
-                    log.debug("queue peers unavailable", exc_info=True)
-            want += eta_held
-            with c.qos._mutex:
-                if c.qos.value != want:
-                    log.debug("prefetch %s -> %s", c.qos.value, want)
-                    c.qos.value = want
-            c.qos.update()
-            self._publish(ctx, want)
-
-        def _publish(self, ctx: Any, prefetch: int) -> None:
-            try:
-                st = dict(ctx.loop.state())
-                st["prefetch"] = prefetch
-                st["gc"] = gcwatch.snapshot()
-                st["start"] = ctx.startup.state()  # where the worker's start went (worker.startup)
-                # producers check local refs against these before publishing (ocrq.intake)
-                st["allowed_roots"] = [str(r) for r in effective_roots(ctx.settings.limits)]
-                st["store"] = ctx.store.location  # and read results from where workers write them
-                # what its engine honours, and where: producers refuse a task no live worker of
-                # the job's queue can run (ocrq.capabilities); and what the jobs page's fleet view
-                # shows: the engine, the device and its memory
-                st["capabilities"] = ctx.capabilities()
-                st["queues"] = list(queues or [ctx.settings.queue.name])
-                st["engine_kind"] = ctx.settings.engine.kind
-                probe = getattr(ctx.loop, "probe", None)
-                st["device"] = getattr(probe, "device", None)
-                mem = probe.read() if probe is not None else None
-                st["device_memory"] = {"used": mem.used, "total": mem.total} if mem is not None else None
-                # whose this worker is: `ocrq up` elsewhere refuses a second worker of this name
-                # on this Redis, `ocrq down` elsewhere points at this stack (ocrq.stack)
-                st["process"] = {"host": socket.gethostname(), "pid": os.getpid(),
-                                 "var_dir": str(ctx.settings.var_dir.resolve())}
-                key = keys.worker_state(self.hostname)
-                ctx.redis.set(key, json.dumps(st, default=str), ex=60)
-                ctx.save_governor()
-            except Exception:  # metrics and the snapshot are best effort
-                log.debug("worker state publish failed", exc_info=True)
-
-    return GovernorPrefetch
+    Step.get_state = staticmethod(get_state)
+    Step.chunk_size, Step.concurrency, Step.interval, Step.queues = chunk_size, concurrency, interval, queues
+    return Step

@@ -5,7 +5,7 @@ together once the chunk is stored. For the people following a job (``producer.pr
 worker counts each image its engine finished (a done-callback on its pages' futures: a dict
 update in the engine loop's thread, nothing more) and each cache hit and failure its chunks
 record, and a thread of its own sends what it counted to the job's progress hash
-(``ocrq.progress``): one script call per job with news, every ``interval`` seconds. Redis away:
+(``ocrq.jobs.progress``): one script call per job with news, every ``interval`` seconds. Redis away:
 the counts are dropped (display only), never retried into a backlog.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from ocrq.progress import ProgressScript
+from ocrq.jobs.progress import ProgressScript
 
 log = logging.getLogger("ocrq.worker")
 

@@ -36,67 +36,15 @@ from celery import bootsteps
 from kombu.utils.json import dumps, loads
 
 from ocrq import keys
-from ocrq.scripts import PastMaxmemory
-from ocrq.scripts import body as oom_body
+from ocrq.broker.scripts import PastMaxmemory, past_maxmemory
 
 log = logging.getLogger("ocrq.reaper")
 
-UNACKED = "unacked"
-UNACKED_INDEX = "unacked_index"
-
-# KEYS: unacked, unacked_index, suspects, held sets...
-# ARGV: now, dead_after, confirm, then (tag, entry, target list, payload) quads
-_RESTORE_LUA = """
-local now, dead_after, confirm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local restored = {}
-for i = 4, #ARGV, 4 do
-  local tag, entry, target, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local delivered = redis.call('ZSCORE', KEYS[2], tag)
-  local orphan = delivered and tonumber(delivered) <= now - dead_after
-    and redis.call('HGET', KEYS[1], tag) == entry
-  if orphan then
-    for k = 4, #KEYS do
-      if redis.call('SISMEMBER', KEYS[k], tag) == 1 then orphan = false break end
-    end
-  end
-  if not orphan then
-    redis.call('HDEL', KEYS[3], tag)
-  else
-    local first = redis.call('HGET', KEYS[3], tag)
-    if not first then
-      redis.call('HSET', KEYS[3], tag, now)
-    elseif now - tonumber(first) >= confirm then
-      redis.call('RPUSH', target, payload)
-      redis.call('HDEL', KEYS[1], tag)
-      redis.call('ZREM', KEYS[2], tag)
-      redis.call('HDEL', KEYS[3], tag)
-      restored[#restored + 1] = tag
-    end
-  end
-end
-for _, tag in ipairs(redis.call('HKEYS', KEYS[3])) do
-  if redis.call('HEXISTS', KEYS[1], tag) == 0 then redis.call('HDEL', KEYS[3], tag) end
-end
-redis.call('EXPIRE', KEYS[3], 86400)
-return restored
-"""
-
-
-# KEYS[1]: the held set; ARGV: ttl, then the tags. Replaces the claim (past maxmemory: a claim
-# that lapsed would have a live worker's messages restored and run twice).
-_HELD_LUA = """
-redis.call('DEL', KEYS[1])
-if #ARGV > 1 then
-  redis.call('SADD', KEYS[1], unpack(ARGV, 2))
-  redis.call('EXPIRE', KEYS[1], ARGV[1])
-end
-return 1
-"""
 
 
 def publish_held(client: Any, hostname: str, tags: Iterable[str], ttl: int) -> None:
     """Claim ``tags`` for this worker for ``ttl`` seconds (replaces the previous claim atomically)."""
-    client.eval(oom_body(client, _HELD_LUA), 1, keys.held_tags(hostname), ttl, *tags)
+    client.eval(past_maxmemory(client, "held_claim"), 1, keys.held_tags(hostname), ttl, *tags)
 
 
 class Reaper:
@@ -109,16 +57,17 @@ class Reaper:
         self.route = route
         self.dead_after = dead_after
         self.confirm = confirm
-        # restoring finishes accepted work: it runs past maxmemory (ocrq.scripts)
-        self._script = PastMaxmemory(client, _RESTORE_LUA)
+        # restoring finishes accepted work: it runs past maxmemory (ocrq.broker.scripts)
+        self._script = PastMaxmemory(client, "reaper_restore")
 
     def sweep(self, now: float | None = None) -> list[str]:
         """One sweep; returns the delivery tags put back on the queue."""
         now = time.time() if now is None else now
-        tags = self.client.zrangebyscore(UNACKED_INDEX, "-inf", now - self.dead_after)
+        tags = self.client.zrangebyscore(keys.CELERY_UNACKED_INDEX, "-inf", now - self.dead_after)
         held = sorted(self.client.scan_iter(match=keys.held_tags("*"), count=500))
-        args: list[Any] = [now, self.dead_after, self.confirm]
-        for tag, entry in zip(tags, self.client.hmget(UNACKED, tags) if tags else [], strict=True):
+        quads: list[Any] = []
+        targets: dict[str, int] = {}  # the lists messages go back to, by their KEYS index (from 4)
+        for tag, entry in zip(tags, self.client.hmget(keys.CELERY_UNACKED, tags) if tags else [], strict=True):
             if entry is None:
                 continue
             message, exchange, routing_key = loads(entry)
@@ -131,8 +80,10 @@ class Reaper:
                 log.warning("cannot route unacked message %r (exchange %r, key %r)", tag, exchange, routing_key,
                             exc_info=True)
                 continue
-            args += [tag, entry, target, dumps(message)]
-        restored = self._script(keys=[UNACKED, UNACKED_INDEX, keys.REAPER_SUSPECTS, *held], args=args)
+            quads += [tag, entry, targets.setdefault(target, 4 + len(targets)), dumps(message)]
+        restored = self._script(
+            keys=[keys.CELERY_UNACKED, keys.CELERY_UNACKED_INDEX, keys.REAPER_SUSPECTS, *targets, *held],
+            args=[now, self.dead_after, self.confirm, len(targets), *quads])
         out = [t.decode() if isinstance(t, bytes) else str(t) for t in restored]
         if out:
             log.warning("restored %d unacked message(s) of dead workers: %s", len(out), ", ".join(out))
@@ -155,7 +106,7 @@ def channel_tags(consumer: Any) -> list[str]:
     Chunks still running on an older channel (after a lost broker connection) are not claimed:
     Celery may keep such a request listed as active forever, and a claim would pin its message;
     the reaper may redeliver it instead, and the late ack of the old copy cannot erase the new
-    delivery's record (ocrq.transport's delivery-scoped acks)."""
+    delivery's record (ocrq.broker.transport's delivery-scoped acks)."""
     delivered = consumer.task_consumer.channel.qos._delivered
     for _ in range(5):
         try:

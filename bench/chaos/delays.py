@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ocrq import keys
-from worker.reaper import UNACKED
 
 #: the issue's bound on the delay a kill adds (p99), production timings
 KILL_DELAY_P99_MAX_S = 120.0
@@ -30,7 +29,7 @@ class KillLog:
         held: set[str] = set()
         try:
             tags = sorted(client.smembers(keys.held_tags(node)))
-            for entry in client.hmget(UNACKED, tags) if tags else []:
+            for entry in client.hmget(keys.CELERY_UNACKED, tags) if tags else []:
                 if entry is not None:
                     held |= _image_ids(json.loads(entry)[0])
         except Exception:  # Redis restarting (the combined scenario): nothing known for this kill

@@ -1,4 +1,4 @@
-"""Chaos scenario ``failover``: the broker is a Sentinel-managed HA Redis (ocrq.ha_redis: three
+"""Chaos scenario ``failover``: the broker is a Sentinel-managed HA Redis (ocrq_cli.embedded.ha_redis: three
 redis-server, three Sentinels) and its master goes away under load.
 
 During one job of the suite's images, submitted with ``ocrq submit --wait`` (a real CLI process on
@@ -29,9 +29,10 @@ from typing import Any
 from bench.chaos.stack import Workers
 from bench.chaos.verify import Outcome, verify, wait_drained
 from bench.services import free_port
-from ocrq import keys, redis_conn
-from ocrq.ha_redis import HaRedis
-from ocrq.stack import redis_binary
+from ocrq import keys
+from ocrq.broker import redis_conn
+from ocrq_cli.embedded.ha_redis import HaRedis
+from ocrq_cli.embedded.stack import redis_binary
 
 #: seconds from a promotion to the first image finished after it
 RESUME_MAX_S = 30.0

@@ -38,8 +38,8 @@ from PIL import Image
 
 from ocrq import keys
 from ocrq.errors import OcrqError, RefusedRef
-from ocrq.fetch import fetch
 from ocrq.messages import FINISH_JOB_TASK, OCR_CHUNK_TASK
+from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
 from worker.decoding.decode import FAULT_SPIN
 

@@ -60,7 +60,7 @@ from ocrq.errors import TooLarge
 from ocrq.messages import OCR_CHUNK_TASK
 from ocrq.results import ImageRecord
 from ocrq.settings import Settings
-from ocrq.stack import redis_binary
+from ocrq_cli.embedded.stack import redis_binary
 from producer.client import Client, SubmissionRefused
 
 
@@ -205,7 +205,7 @@ def run_security(root: Path, images: Path, s3_port: int, n: int) -> tuple[Outcom
     workers = Workers(env, logs, url, n=2)
     flower_port, flower_auth = free_port(), "ops:" + secrets.token_hex(8)
     flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "ocrq.celery_app", "flower",
+        [sys.executable, "-m", "celery", "-A", "ocrq.broker.celery_app", "flower",
          f"--port={flower_port}", "--address=127.0.0.1", f"--basic_auth={flower_auth}"],
         env=env, stdout=(folder / "flower.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:

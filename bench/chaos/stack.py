@@ -22,7 +22,7 @@ import redis
 
 from bench.chaos.delays import KillLog
 from bench.services import free_port
-from ocrq.stack import redis_binary, stop_group, wait_worker_state
+from ocrq_cli.embedded.stack import redis_binary, stop_group, wait_worker_state
 
 
 @dataclass

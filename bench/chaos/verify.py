@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ocrq import keys
-from ocrq.export import results
-from ocrq.jobs import JobIndex
-from ocrq.storage import ResultStore
+from ocrq.jobs.index import JobIndex
+from ocrq.output.export import results
+from ocrq.store.storage import ResultStore
 
 
 @dataclass
@@ -94,7 +94,7 @@ def wait_drained(redis: Any, queue: str, timeout_s: float) -> float:
 
 def in_flight(redis: Any, queue: str) -> tuple[int, int]:
     """(messages unacked, messages queued) on the broker."""
-    return int(redis.hlen("unacked")), sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
+    return int(redis.hlen(keys.CELERY_UNACKED)), sum(int(redis.llen(k)) for k in queue_lists(redis, queue))
 
 
 def queue_lists(redis: Any, queue: str) -> list[bytes]:
@@ -114,7 +114,7 @@ def _export_duplicates(store: ResultStore, job: str) -> int:
 
 
 def _export_problems(store: ResultStore, job: str, images: int) -> list[str]:
-    """The finished job's export (ocrq.export): its ``_SUCCESS`` marker covers every image."""
+    """The finished job's export (ocrq.output.export): its ``_SUCCESS`` marker covers every image."""
     marker = store.get_json(keys.export_object(job, keys.EXPORT_SUCCESS))
     if marker is None:
         return ["finished job without an export _SUCCESS marker"]

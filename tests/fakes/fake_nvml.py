@@ -29,7 +29,7 @@ class FakeNVMLError(Exception):
 
 @dataclass
 class FakePynvmlModule:
-    """Enough of pynvml's API for ``NvmlProbe`` and ``ocrq.gpus.list_gpus``: devices are
+    """Enough of pynvml's API for ``NvmlProbe`` and ``ocrq_cli.embedded.gpus.list_gpus``: devices are
     (uuid, total, used) triples in NVML's (PCI) order; ``mig`` maps a device index to its MIG
     instances, (uuid, total, used) each, whose handles are ("mig", device, slot)."""
 

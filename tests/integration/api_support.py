@@ -22,7 +22,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from api.tenants import create_token
-from ocrq.stack import stop_group
+from ocrq_cli.embedded.stack import stop_group
 from tests.conftest import free_port
 
 

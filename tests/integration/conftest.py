@@ -18,7 +18,7 @@ import pytest
 
 from ocrq import keys
 from ocrq.settings import Settings
-from ocrq.stack import stop_group, wait_worker_state
+from ocrq_cli.embedded.stack import stop_group, wait_worker_state
 from tests.conftest import free_port
 
 WorkerFactory = Callable[..., subprocess.Popen[bytes]]

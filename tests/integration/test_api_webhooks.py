@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.stack import stop_group
+from ocrq_cli.embedded.stack import stop_group
 from tests.fixtures.images import word_images
 from tests.integration.api_support import Receiver, api_factory, kill9, tokens, wait_for  # noqa: F401 - fixture
 from tests.integration.conftest import worker_env

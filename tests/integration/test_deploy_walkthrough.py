@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from ocrq.stack import stop_group
+from ocrq_cli.embedded.stack import stop_group
 from tests.conftest import ROOT, _redis_binary, free_port
 from tests.fixtures.images import word_images
 

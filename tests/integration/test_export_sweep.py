@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ocrq import keys
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.results import ImageRecord, ImageStatus
 from producer.client import Client
 from tests.fixtures.images import word_images

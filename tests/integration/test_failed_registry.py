@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.failed import registered
-from ocrq.metrics import queue_depth
-from ocrq.stack import stop_group
+from ocrq.jobs.failed import registered
+from ocrq.metrics.redis_series import queue_depth
+from ocrq_cli.embedded.stack import stop_group
 from producer.client import Client
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env

@@ -1,4 +1,4 @@
-"""Redis failover under load: three real redis-server and three Sentinels (ocrq.ha_redis), real
+"""Redis failover under load: three real redis-server and three Sentinels (ocrq_cli.embedded.ha_redis), real
 `ocrq worker` processes on the Sentinel URL, the producer's client on it too.
 
 - a master killed (SIGKILL) mid-job: Sentinel promotes a replica, the workers follow it (a plain
@@ -35,10 +35,10 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from ocrq import redis_conn
-from ocrq.ha_redis import HaRedis
+from ocrq.broker import redis_conn
 from ocrq.settings import RedisSettings
-from ocrq.stack import stop_group, wait_worker_state
+from ocrq_cli.embedded.ha_redis import HaRedis
+from ocrq_cli.embedded.stack import stop_group, wait_worker_state
 from producer.client import Client
 from tests.conftest import _need, _redis_binary, free_port
 from tests.fixtures.images import word_images
@@ -222,7 +222,7 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
 
 def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:
     """The replication series `ocrq metrics` serves for this HA Redis."""
-    from ocrq.metrics import replication_families
+    from ocrq.metrics.redis_series import replication_families
 
     rs = RedisSettings(url=ha.url)
     return {fam.name: [(s.labels, s.value) for s in fam.samples]
@@ -346,7 +346,7 @@ def test_flower_and_metrics_on_a_sentinel_url_show_the_worker_and_the_queue_dept
         ha.wait_failover(old)
         ha.restart(ha.data_ports.index(old))
         # Then both read the same depth from the new master, through the Sentinels left (Flower
-        # asked only the first one: ocrq.celery_app)
+        # asked only the first one: ocrq.broker.celery_app)
         _until(depths, lambda d: d == (2, 2.0), 30, alive, logs)
 
         # When a worker drains the queue

@@ -22,9 +22,9 @@ import pytest
 import redis
 
 from bench.chaos.security import self_signed
-from ocrq.ha_redis import HaRedis
 from ocrq.settings import RedisSettings
-from ocrq.stack import stop_group, wait_worker_state
+from ocrq_cli.embedded.ha_redis import HaRedis
+from ocrq_cli.embedded.stack import stop_group, wait_worker_state
 from tests.conftest import _need, _redis_binary, free_port
 from tests.fixtures.images import word_images
 from tests.integration.conftest import worker_env

@@ -1,4 +1,4 @@
-"""Submissions fed in windows (ocrq.feed), against a real Redis, real `ocrq worker` processes and
+"""Submissions fed in windows (ocrq.jobs.feed), against a real Redis, real `ocrq worker` processes and
 real `ocrq submit` processes: Redis holds at most the window's refs, whatever the submission's
 size; the workers feed the rest; a producer killed mid-way resumes with no image sent twice."""
 
@@ -19,7 +19,7 @@ import pytest
 from kombu.utils.json import loads
 
 from ocrq import keys
-from ocrq.feed import WINDOW, submissions
+from ocrq.jobs.feed import WINDOW, submissions
 from producer.client import Client
 from tests.integration.conftest import settings_for, worker_env
 
@@ -131,10 +131,10 @@ def test_a_producer_killed_mid_way_resumes_with_no_image_sent_twice(redis_url, r
 def test_a_job_whose_submission_is_being_written_does_not_finish(redis_client, tmp_path):
     """Workers run a submission's first windows while the rest is recorded: the job cannot
     finish (nor be exported) while its producer holds keys.job_submitting."""
-    from ocrq.export import export_job, request_export
-    from ocrq.jobs import JobIndex
+    from ocrq.jobs.index import JobIndex
+    from ocrq.output.export import export_job, request_export
     from ocrq.results import ImageRecord, ImageStatus
-    from ocrq.sqlite_store import SqliteStore
+    from ocrq.store.sqlite_store import SqliteStore
 
     index = JobIndex(redis_client, ttl=60)
     index.create("j", {"task": "text"})

@@ -1,4 +1,4 @@
-"""The broker hand-off (ocrq.transport): a consumer killed at the first moment its process holds a
+"""The broker hand-off (ocrq.broker.transport): a consumer killed at the first moment its process holds a
 message, before kombu has recorded it unacked, loses nothing; the reaper brings the message back.
 Kombu's stock Redis transport pops with BRPOP and records afterwards, so the same kill left the
 message in no list and no unacked entry (the chaos suite's `all` scenario lost chunks so).
@@ -16,10 +16,10 @@ import pytest
 from kombu import Consumer, Exchange, Producer, Queue
 
 from ocrq import keys
-from ocrq.queue import make_celery
+from ocrq.broker.queue import make_celery
+from ocrq.broker.transport import Channel
 from ocrq.settings import Settings
-from ocrq.transport import Channel
-from worker.reaper import UNACKED, Reaper, kombu_route
+from worker.reaper import Reaper, kombu_route
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ _CONSUMER = textwrap.dedent("""
     import json, os, signal, sys
     from kombu import Consumer, Exchange, Queue
     from kombu.transport import redis as kredis
-    from ocrq.queue import make_celery
+    from ocrq.broker.queue import make_celery
     from ocrq.settings import Settings
 
     url, die, name = sys.argv[1], sys.argv[2] == "die", sys.argv[3]
@@ -40,8 +40,8 @@ _CONSUMER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         kredis.QoS.append = append
         try:  # ocrq's QoS records deliveries itself
-            import ocrq.transport
-            ocrq.transport.QoS.append = append
+            import ocrq.broker.transport
+            ocrq.broker.transport.QoS.append = append
         except ImportError:
             pass
     app = make_celery(Settings(redis={"url": url}))
@@ -92,18 +92,18 @@ def test_a_consumer_killed_holding_an_unrecorded_message_loses_nothing(redis_url
     assert died.returncode == -9, died.stderr[-2000:]
     # popped from its list; with the atomic claim it is recorded unacked (stock kombu: nowhere)
     assert _queued(redis_client) == 0
-    assert redis_client.hlen(UNACKED) == 1, "the message is in no list and not unacked: lost"
-    entry = json.loads(redis_client.hvals(UNACKED)[0])
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 1, "the message is in no list and not unacked: lost"
+    entry = json.loads(redis_client.hvals(keys.CELERY_UNACKED)[0])
     assert entry[1:] == [QUEUE, QUEUE]
     # nobody claims it: the reaper puts it back (no waiting, for the test), a consumer gets it
     with app.connection_for_write() as conn:
         reaper = Reaper(redis_client, kombu_route(conn.default_channel), dead_after=0, confirm=0)
         assert reaper.sweep() == [] and len(reaper.sweep()) == 1
-    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 1
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and _queued(redis_client) == 1
     ok = _consume(redis_url, "keep")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads(ok.stdout) == [{"n": 1}]
-    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and _queued(redis_client) == 0
 
 
 def test_a_message_published_without_a_wakeup_token_is_still_consumed(redis_url, redis_client):
@@ -117,7 +117,7 @@ def test_a_message_published_without_a_wakeup_token_is_still_consumed(redis_url,
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads(ok.stdout) == [{"n": 2}]
     assert time.monotonic() - t0 < 15
-    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and _queued(redis_client) == 0
 
 
 def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_url, redis_client):
@@ -129,7 +129,7 @@ def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_
     _publish(app, {"n": 3})
     with app.connection_for_write() as first, app.connection_for_write() as second:
         old = first.default_channel.basic_get(QUEUE)
-        assert old is not None and redis_client.hlen(UNACKED) == 1
+        assert old is not None and redis_client.hlen(keys.CELERY_UNACKED) == 1
         # the first holder looks dead to the reaper: the message goes back and is taken again
         reaper = Reaper(redis_client, kombu_route(first.default_channel), dead_after=0, confirm=0)
         reaper.sweep()
@@ -137,12 +137,12 @@ def test_a_late_ack_of_a_redelivered_message_keeps_the_new_holders_record(redis_
         new = second.default_channel.basic_get(QUEUE)
         assert new is not None and new.delivery_tag == old.delivery_tag
         old.ack()  # the first holder finishes late
-        assert redis_client.hlen(UNACKED) == 1, "the new holder's record was erased by a stale ack"
+        assert redis_client.hlen(keys.CELERY_UNACKED) == 1, "the new holder's record was erased by a stale ack"
         # the first holder's channel closing restores nothing of the new delivery (no duplicate)
         first.default_channel.close()
-        assert _queued(redis_client) == 0 and redis_client.hlen(UNACKED) == 1
+        assert _queued(redis_client) == 0 and redis_client.hlen(keys.CELERY_UNACKED) == 1
         new.ack()
-        assert redis_client.hlen(UNACKED) == 0 and redis_client.zcard("unacked_index") == 0
+        assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and redis_client.zcard(keys.CELERY_UNACKED_INDEX) == 0
 
 
 def test_a_requeue_on_a_channel_closed_by_a_lost_connection_leaves_the_message_to_the_reaper(
@@ -157,18 +157,18 @@ def test_a_requeue_on_a_channel_closed_by_a_lost_connection_leaves_the_message_t
     with app.connection_for_write() as conn, app.connection_for_write() as other:
         channel = conn.default_channel
         msg = channel.basic_get(QUEUE)
-        assert msg is not None and redis_client.hlen(UNACKED) == 1
+        assert msg is not None and redis_client.hlen(keys.CELERY_UNACKED) == 1
         transport, pool = channel.connection, channel._pool
         channel.connection, channel._pool = None, None  # what the lost connection's teardown leaves
         try:
             msg.reject(requeue=True)
         finally:
             channel.connection, channel._pool = transport, pool
-        assert redis_client.hlen(UNACKED) == 1 and _queued(redis_client) == 0
+        assert redis_client.hlen(keys.CELERY_UNACKED) == 1 and _queued(redis_client) == 0
         reaper = Reaper(redis_client, kombu_route(other.default_channel), dead_after=0, confirm=0)
         reaper.sweep()
         assert reaper.sweep() == [msg.delivery_tag]
-        assert _queued(redis_client) == 1 and redis_client.hlen(UNACKED) == 0
+        assert _queued(redis_client) == 1 and redis_client.hlen(keys.CELERY_UNACKED) == 0
 
 
 def test_no_ack_consumers_leave_no_unacked_records(redis_url, redis_client):
@@ -185,7 +185,7 @@ def test_no_ack_consumers_leave_no_unacked_records(redis_url, redis_client):
                       accept=["json"]):
             conn.drain_events(timeout=10)
     assert len(got) == 1
-    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and _queued(redis_client) == 0
 
 
 def test_the_claim_keeps_kombus_priority_order(redis_url, redis_client):
@@ -197,7 +197,7 @@ def test_the_claim_keeps_kombus_priority_order(redis_url, redis_client):
     with app.connection_for_read() as conn:
         got = [conn.default_channel.basic_get(QUEUE) for _ in range(4)]
         assert [m.decode()["n"] for m in got] == [2, 4, 3, 1]
-        assert redis_client.hlen(UNACKED) == 4
+        assert redis_client.hlen(keys.CELERY_UNACKED) == 4
         for m in got:
             m.ack()
-    assert redis_client.hlen(UNACKED) == 0 and _queued(redis_client) == 0
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0 and _queued(redis_client) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ocrq import keys
-from ocrq.jobs import JobIndex
+from ocrq.jobs.index import JobIndex
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 
 pytestmark = pytest.mark.integration

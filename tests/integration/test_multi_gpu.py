@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from ocrq import keys
-from ocrq.gpus import Gpu, plan_gpu_workers
 from ocrq.settings import Settings
-from ocrq.stack import Stack
+from ocrq_cli.embedded.gpus import Gpu, plan_gpu_workers
+from ocrq_cli.embedded.stack import Stack
 from producer.client import Client
 from tests.conftest import free_port
 from tests.integration.conftest import settings_for, worker_env
-from worker.context import save_snapshot
+from worker.heartbeat import save_snapshot
 
 pytestmark = pytest.mark.integration
 

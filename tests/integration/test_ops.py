@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.failed import registered
+from ocrq.jobs.failed import registered
 from producer.client import Client
 from tests.conftest import free_port
 from tests.fixtures.images import word_images

@@ -19,7 +19,7 @@ from api.tenants import create_token, tenants_path
 from bench.pages import seed_detail, seed_jobs
 from ocrq import keys
 from ocrq.settings import Settings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 
 pytestmark = pytest.mark.integration
 
@@ -284,7 +284,7 @@ def test_the_fleet_shows_workers_queues_by_priority_and_broker_memory(site):
 
 
 def test_a_page_says_when_redis_is_away(redis_client, tmp_path, monkeypatch):
-    from ocrq import redis_conn
+    from ocrq.broker import redis_conn
     from tests.conftest import free_port
 
     monkeypatch.setattr(redis_conn, "retry_policy", lambda: redis_conn.DeadlineRetry(0.5))  # (30 s in service)

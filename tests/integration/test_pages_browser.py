@@ -24,7 +24,7 @@ import pytest
 
 from api.tenants import create_token, tenants_path
 from ocrq.settings import Settings
-from ocrq.stack import stop_group, wait_worker_state
+from ocrq_cli.embedded.stack import stop_group, wait_worker_state
 from tests.conftest import _need, _redis_binary, free_port
 from tests.fixtures.images import render, word_images
 

@@ -1,4 +1,4 @@
-"""Result parts (ocrq.parts) over a real Redis index and the SQLite store: a job read back while it
+"""Result parts (ocrq.output.parts) over a real Redis index and the SQLite store: a job read back while it
 runs, through its results index once archived, and after a reprocess of the archived job."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import pytest
 
 from ocrq import keys
-from ocrq.export import export_job, results
-from ocrq.feed import Feed, shard_bytes
-from ocrq.jobs import JobIndex
+from ocrq.jobs.feed import Feed, shard_bytes
+from ocrq.jobs.index import JobIndex
+from ocrq.output.export import export_job, results
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrOutput
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
 
 pytestmark = pytest.mark.integration
 
@@ -140,8 +140,8 @@ def test_a_part_is_created_never_replaced(kind, tmp_path, request):
     """``put_many``'s ``new``: a path that exists raises NameTaken and keeps its document (S3's
     If-None-Match on moto's server, SQLite's INSERT, a hard link on disk)."""
     from ocrq.errors import NameTaken
-    from ocrq.local_store import LocalStore
-    from ocrq.storage import S3Store
+    from ocrq.store.local_store import LocalStore
+    from ocrq.store.storage import S3Store
 
     if kind == "s3":
         client, bucket = request.getfixturevalue("s3_bucket")
@@ -166,7 +166,7 @@ def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_c
     from types import SimpleNamespace
 
     from ocrq.messages import Chunk, Item
-    from worker.records import store_documents
+    from worker.chunk.store import write_documents
 
     index, store = job
 
@@ -177,11 +177,11 @@ def test_a_part_number_handed_out_twice_keeps_both_chunks_documents(job, redis_c
 
     ctx = SimpleNamespace(index=index)
     first, docs = chunk_of(range(0, 3))
-    n, _ = store_documents(ctx, first, docs, lambda writes, new: store.put_many(writes, new=new))
+    n, _ = write_documents(ctx, first, docs, lambda writes, new: store.put_many(writes, new=new))
     index.record([d.record for d in docs], part=n)
     redis_client.hincrby(keys.job("j"), "parts", -1)  # the counter set back
     second, docs = chunk_of(range(3, 6))
-    m, _ = store_documents(ctx, second, docs, lambda writes, new: store.put_many(writes, new=new))
+    m, _ = write_documents(ctx, second, docs, lambda writes, new: store.put_many(writes, new=new))
     index.record([d.record for d in docs], part=m)
     assert m == n + 1
     got = {r.record.id: r for r in results(index, store, "j")}

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from ocrq import keys
-from ocrq.failed import registered
+from ocrq.jobs.failed import registered
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import StoreSettings
-from ocrq.storage import make_store
+from ocrq.store.storage import make_store
 from producer.client import Client, SubmissionRefused
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for, worker_env

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ocrq import keys
-from ocrq.progress import BUCKET_S, BUCKETS, TTL_S, ProgressScript, engines
+from ocrq.jobs.progress import BUCKET_S, BUCKETS, TTL_S, ProgressScript, engines
 from producer.client import Client
 from producer.progress import job_progress
 from tests.fixtures.images import word_images

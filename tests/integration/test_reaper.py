@@ -16,7 +16,7 @@ from producer.client import Client
 from tests.fixtures.images import word_images
 from tests.integration.conftest import settings_for
 from tests.integration.test_reliability import sim_env
-from worker.reaper import UNACKED, UNACKED_INDEX, Reaper, publish_held
+from worker.reaper import Reaper, publish_held
 
 pytestmark = pytest.mark.integration
 
@@ -26,8 +26,8 @@ def _deliver(client, tag: str, at: float) -> bytes:
     message = {"body": tag, "headers": {}, "properties": {"priority": 0, "delivery_tag": tag,
                                                           "delivery_info": {"exchange": "ocrq"}}}
     entry = dumps([message, "ocrq", "ocrq"])
-    client.zadd(UNACKED_INDEX, {tag: at})
-    client.hset(UNACKED, tag, entry)
+    client.zadd(keys.CELERY_UNACKED_INDEX, {tag: at})
+    client.hset(keys.CELERY_UNACKED, tag, entry)
     return entry.encode()
 
 
@@ -47,8 +47,8 @@ def test_only_unclaimed_old_messages_are_restored_once(redis_client):
     assert reaper.sweep(now + 21) == ["dead-old"]
     pushed = [loads(m) for m in redis_client.lrange("q", 0, -1)]
     assert [m["body"] for m in pushed] == ["dead-old"] and pushed[0]["headers"]["redelivered"] is True
-    assert sorted(redis_client.hkeys(UNACKED)) == [b"dead-young", b"live-old"]
-    assert redis_client.zscore(UNACKED_INDEX, "dead-old") is None
+    assert sorted(redis_client.hkeys(keys.CELERY_UNACKED)) == [b"dead-young", b"live-old"]
+    assert redis_client.zscore(keys.CELERY_UNACKED_INDEX, "dead-old") is None
     # idempotent: later sweeps restore nothing more, however often they run (by now the young
     # message's worker has claimed it, as a live worker does within a second)
     publish_held(redis_client, "alive@h", ["live-old", "dead-young"], ttl=600)
@@ -101,13 +101,13 @@ def test_a_killed_workers_chunks_come_back_without_the_visibility_timeout(redis_
     # what it took to its grave: claimed and still unacked when it died (a chunk it acked between
     # the snapshot and the kill is done, nothing to restore); read before the reaper can act
     # (dead_worker_s + a confirming sweep)
-    lost = held & set(redis_client.hkeys(UNACKED))
+    lost = held & set(redis_client.hkeys(keys.CELERY_UNACKED))
     assert lost, "the worker died holding no unacked chunk: nothing to prove"
     # Then everything completes within seconds (dead_worker_s + 2 sweeps), not 3600 s
     counts = job.wait(timeout=90)
     assert counts["done"] == 16 and counts["failed"] == 0, counts
     assert time.monotonic() - killed < 40
-    assert redis_client.hlen(UNACKED) == 0
+    assert redis_client.hlen(keys.CELERY_UNACKED) == 0
     log = (tmp_path / "worker-rescuer.log").read_text()
     assert "restored" in log and all(t.decode() in log for t in lost), log[-3000:]
 
@@ -124,4 +124,4 @@ def test_a_message_that_cannot_be_routed_does_not_stop_the_sweep(redis_client):
     _deliver(redis_client, "dead-old", now - 500)
     reaper.sweep(now)
     assert reaper.sweep(now + 1) == ["dead-old"]
-    assert redis_client.hkeys(UNACKED) == [b"unroutable"]
+    assert redis_client.hkeys(keys.CELERY_UNACKED) == [b"unroutable"]

@@ -15,10 +15,10 @@ import pytest
 from botocore.config import Config
 
 from ocrq.errors import MissingObject, RefusedRef, StorageUnavailable, TooLarge
-from ocrq.expand import expand, expand_entries
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.refs import BAD_REF_PREFIX
 from ocrq.settings import LimitSettings
+from producer.expand import expand, expand_entries
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

@@ -140,7 +140,7 @@ def test_prefetch_follows_the_governor_not_the_pool_size(redis_url, redis_client
     job = client.submit([str(tmp_path / "in")], job="prefetch")
     held = []
     while not job.finished():
-        held.append(redis_client.hlen("unacked"))
+        held.append(redis_client.hlen(keys.CELERY_UNACKED))
         time.sleep(0.2)
     # Then it never reserved more chunks than its window needs, although its pool could run 4 at
     # once: the batch in flight + the governor's backlog (2 + 2 × 2 images = 2 chunks), +1 while

@@ -12,7 +12,7 @@ from bench.overhead import render
 from bench.scale import run, s3_requests
 from ocrq import keys
 from ocrq.results import OcrOutput
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
 from worker.cache import ResultCache
 
 pytestmark = pytest.mark.integration
@@ -61,6 +61,27 @@ def test_the_hot_cache_rotates_generations_and_reads_both(redis_client, tmp_path
     redis_client.flushdb()
     off.put_many({"z": outs})
     assert not list(redis_client.scan_iter("ocrq:hot*")) and set(off.get_many(["z"])) == {"z"}
+
+
+def test_a_cache_behind_on_generations_reads_and_writes_the_current_ones(redis_client, tmp_path: Path) -> None:
+    """The scripts are given the generations' keys (KEYS), from what each cache last saw: a cache
+    that has not seen the generations another one started meanwhile is told which is current,
+    and reads and writes there (never into a generation the budget already let go)."""
+    store = SqliteStore(tmp_path / "store")
+    budget = 64 * 1024
+    behind, ahead = (ResultCache(redis_client, store, ttl=60, max_bytes=budget) for _ in range(2))
+    outs = [OcrOutput(text="x" * 400, engine="e", model="m")]
+    behind.put_many({"first": outs})
+    for start in range(0, 600, 50):  # ~3 generations started by the other cache
+        ahead.put_many({f"k{i}": outs for i in range(start, start + 50)})
+    current = int(redis_client.hget(keys.HOT_STATE, "gen"))
+    assert current >= 2 and behind._gen == 0
+    store.delete(keys.cache_object("k599"))  # a hit can only come from the hot copy
+    assert set(behind.get_many(["k599"])) == {"k599"} and behind._gen == current
+    behind._gen = 0
+    behind.put_many({"late": outs})
+    assert redis_client.hexists(keys.hot_generation(current), "late")
+    assert not redis_client.exists(keys.hot_generation(0))  # the old generation was not brought back
 
 
 def test_a_first_pass_puts_one_object_per_image_and_a_part_per_chunk(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from ocrq import keys
 from ocrq.settings import Settings
-from ocrq.stack import Stack
+from ocrq_cli.embedded.stack import Stack
 from tests.conftest import free_port
 
 

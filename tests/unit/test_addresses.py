@@ -1,4 +1,4 @@
-"""ocrq.addresses: IPv6 forms that carry an IPv4 address are judged by it too, before any
+"""ocrq.net.addresses: IPv6 forms that carry an IPv4 address are judged by it too, before any
 connection (the resolver and the socket layer are fakes: no traffic is sent)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from ocrq.addresses import embedded_ipv4, is_public
 from ocrq.errors import RefusedRef, StorageUnavailable
-from ocrq.fetch import fetch
+from ocrq.net.addresses import embedded_ipv4, is_public
+from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
 
 #: (form, address, the IPv4 address it carries): each carries the cloud metadata address

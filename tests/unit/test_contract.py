@@ -13,8 +13,8 @@ from ocrq.errors import BadImage, EngineOOM, OcrqError, RefusedRef, classify, er
 from ocrq.messages import Chunk, Item
 from ocrq.results import ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
 from ocrq.settings import Settings, load_settings
+from worker.chunk.retry import backoff, should_retry
 from worker.prefetch import desired_prefetch
-from worker.retry import backoff, should_retry
 
 
 def test_ids_are_deterministic_and_distinct():

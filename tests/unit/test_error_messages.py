@@ -9,11 +9,11 @@ import logging
 import pytest
 
 from ocrq.errors import BadImage, EngineCrashed, HostNotFound, OcrqError, classify
-from ocrq.expand import expand
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.redact import MAX_MESSAGE_CHARS, redact_message
 from ocrq.refs import parse
 from ocrq.settings import LimitSettings
+from producer.expand import expand
 from worker.decoding.images import decode, describe
 
 PASSWORD = "pw-Zk81nQ"

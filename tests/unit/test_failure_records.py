@@ -12,8 +12,8 @@ from PIL import Image
 
 from ocrq.errors import EngineOOM, EngineUnavailable, MissingObject, RetriesExhausted, error_from_dict
 from ocrq.settings import EngineSettings
+from worker.chunk.retry import final_error
 from worker.engines.base import OcrRequest
-from worker.retry import final_error
 
 
 def test_a_retryable_error_with_budget_left_is_retried() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ocrq.feed import read_entries, shard_bytes, submission_id
+from ocrq.jobs.feed import read_entries, shard_bytes, submission_id
 from ocrq.messages import Chunk, Item, chunk_groups, message_bytes
 
 

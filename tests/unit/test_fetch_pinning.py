@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from ocrq.errors import RefusedRef, StorageUnavailable
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
 
 PUBLIC, INTERNAL = "93.184.216.34", "127.0.0.1"

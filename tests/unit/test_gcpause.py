@@ -1,4 +1,4 @@
-"""ocrq.gcpause: the collector is off inside, and left as it was found."""
+"""ocrq.output.gcpause: the collector is off inside, and left as it was found."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from ocrq import gcpause
+from ocrq.output import gcpause
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""ocrq.gpus and `ocrq up --gpus`: which GPUs, one worker per GPU with its own CUDA_VISIBLE_DEVICES,
+"""ocrq_cli.embedded.gpus and `ocrq up --gpus`: which GPUs, one worker per GPU with its own CUDA_VISIBLE_DEVICES,
 node name and metrics port, checked without a GPU (a fake pynvml of two devices, named as such)."""
 
 from __future__ import annotations
@@ -11,8 +11,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ocrq.gpus import Gpu, embedded_worker, list_gpus, mps_running, plan_gpu_workers, select_gpus, sharing_note
 from ocrq.settings import Settings
+from ocrq_cli.embedded.gpus import (
+    Gpu,
+    embedded_worker,
+    list_gpus,
+    mps_running,
+    plan_gpu_workers,
+    select_gpus,
+    sharing_note,
+)
 from ocrq_cli.main import app
 from tests.fakes.fake_nvml import FakePynvmlModule
 
@@ -156,7 +164,7 @@ def _up_gpus_all(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
         seen.extend(workers or [])
         return {}
 
-    monkeypatch.setattr("ocrq.stack.Stack.up", fake_up)
+    monkeypatch.setattr("ocrq_cli.embedded.stack.Stack.up", fake_up)
     return CliRunner().invoke(app, ["up", "--gpus", "all"]), seen
 
 

@@ -1,7 +1,7 @@
 """Every Grafana dashboard under ops/grafana/dashboards is one Grafana can load (its JSON
 structure, panels that do not overlap, the provisioned data source), and every series its
 PromQL names is one ocrq serves: the names and label values are read from the real collectors
-(worker/metrics.py, ocrq/metrics.py, run against a fake Redis named so) and the recording rules
+(worker/metrics.py, ocrq/metrics/redis_series.py, run against a fake Redis named so) and the recording rules
 of ops/alerts.yml, so renaming a metric without its panel fails here. (Grafana itself is not
 installed here; tests/integration/test_prometheus.py runs the fleet dashboard's queries against
 a real Prometheus.)"""
@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from ocrq import keys
-from ocrq.metrics import _WORKER_GAUGES, RedisCollector
+from ocrq.metrics.redis_series import _WORKER_GAUGES, RedisCollector
 from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
 
@@ -149,7 +149,8 @@ def test_every_query_names_series_ocrq_serves(path: Path) -> None:
         labels: set[str] = set(TARGET_LABELS)
         for m in found:
             name = m.group(1)
-            assert name in names, f"{title}: {name} is not served (worker/metrics.py, ocrq/metrics.py, alerts.yml)"
+            assert name in names, (f"{title}: {name} is not served (worker/metrics.py, "
+                                   "ocrq/metrics/redis_series.py, alerts.yml)")
             labels |= set(names[name])
             for label, op, value in MATCHER.findall(m.group(2) or ""):
                 if label in TARGET_LABELS:

@@ -1,4 +1,4 @@
-"""ocrq.intake: every file accounted for, and what the producer refuses before publishing."""
+"""producer.intake: every file accounted for, and what the producer refuses before publishing."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ocrq.errors import HostNotFound, StorageUnavailable
-from ocrq.fetch import _public_addresses
-from ocrq.intake import plan_intake
+from ocrq.net.addresses import public_addresses
 from ocrq.settings import LimitSettings
+from producer.intake import plan_intake
 
 
 @pytest.fixture()
@@ -110,10 +110,10 @@ def test_nxdomain_is_host_not_found_and_other_dns_failures_stay_retryable(monkey
 
     monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
     with pytest.raises(HostNotFound) as info:
-        _public_addresses("gone.example", 80, LimitSettings())
+        public_addresses("gone.example", 80, LimitSettings())
     assert info.value.to_dict()["retryable"] is False
     with pytest.raises(StorageUnavailable):
-        _public_addresses("flaky.example", 80, LimitSettings())
+        public_addresses("flaky.example", 80, LimitSettings())
     plan = plan_intake(["https://gone.example/a.png", "https://flaky.example/b.png"], LimitSettings())
     assert plan.refused == 1 and plan.accepted == 1  # DNS down at submit: left to the worker
     assert "does not resolve" in plan.refused_sample[0].reason
@@ -121,7 +121,7 @@ def test_nxdomain_is_host_not_found_and_other_dns_failures_stay_retryable(monkey
 
 def test_the_embedded_worker_gets_absolute_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ocrq.settings import Settings
-    from ocrq.stack import Stack
+    from ocrq_cli.embedded.stack import Stack
 
     monkeypatch.chdir(tmp_path)
     assert Stack(Settings(), allow=[Path("scans"), tmp_path]).roots == [str(tmp_path.resolve()),

@@ -4,10 +4,11 @@ inside functions and under ``TYPE_CHECKING``), so the picture stays true.
     ocrq_cli                      the command line, above everything (``ocrq serve`` runs the API)
     api                           the HTTP front door, beside the command line, over the producer
     producer        worker        the two sides (worker: tasks → engine loop → governor, engines)
-    ocrq                          the shared contract, imports neither side
+    ocrq/output, metrics, jobs, broker, store, net    what both sides share, each over those after it
+    ocrq                          the contract (its top-level modules), imports none of the above
 
-No import circles anywhere: neither between modules nor between folders (a folder is a package;
-worker/loop/ imports worker/governor/, never the other way).
+No import circles anywhere, bench/ and examples/ included: neither between modules nor between
+folders (a folder is a package; worker/loop/ imports worker/governor/, never the other way).
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 LOOP = ("worker.loop",)
 GOVERNOR = ("worker.governor",)
 LOOP_AND_GOVERNOR = LOOP + GOVERNOR
+
+#: inside ocrq/: the folders each one may import. The contract (ocrq's top-level modules) imports
+#: none of ocrq's packages; each package imports the contract and the packages below it
+INSIDE_OCRQ: dict[str, set[str]] = {
+    "ocrq": set(),
+    "ocrq.net": {"ocrq"},
+    "ocrq.store": {"ocrq"},
+    "ocrq.broker": {"ocrq"},
+    "ocrq.jobs": {"ocrq", "ocrq.broker", "ocrq.store"},
+    "ocrq.metrics": {"ocrq", "ocrq.broker", "ocrq.jobs"},
+    "ocrq.output": {"ocrq", "ocrq.broker", "ocrq.jobs", "ocrq.store"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -171,6 +184,19 @@ def test_layers(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> None:
     assert offenders(modules(*packages), forbidden) == []
 
 
+def test_inside_ocrq_each_package_imports_only_those_below_it() -> None:
+    folders = folder_graph(import_graph("ocrq"))
+    assert set(folders) == set(INSIDE_OCRQ)
+    assert {f: sorted(t - INSIDE_OCRQ[f]) for f, t in folders.items() if t - INSIDE_OCRQ[f]} == {}
+
+
+def test_the_engines_loop_and_governor_import_only_the_contract() -> None:
+    """What the GPU side of the worker needs from ocrq/ is the contract (errors, results,
+    settings, prompts): none of ocrq's packages."""
+    packages = tuple(f for f in INSIDE_OCRQ if f != "ocrq")
+    assert offenders(modules("worker/engines", "worker/loop", "worker/governor"), packages) == []
+
+
 def test_the_governor_is_pure_logic() -> None:
     """The governor sees numbers (token costs, bytes): no engine, no loop, no device library."""
     governor = modules("worker/governor")
@@ -192,15 +218,34 @@ def test_the_circle_finder_finds_circles() -> None:
 
 
 ALL = ("ocrq", "ocrq_cli", "worker", "producer", "api")
+#: the product, and what runs it: benchmarks and examples have no import circle either
+EVERYTHING = (*ALL, "bench", "examples")
 
 
 def test_no_import_circle_between_modules() -> None:
-    graph = import_graph(*ALL)
-    assert {"worker.tasks", "ocrq.storage", "ocrq_cli.main", "producer.client"} <= set(graph)
+    graph = import_graph(*EVERYTHING)
+    assert {"worker.tasks", "ocrq.store.storage", "ocrq_cli.main", "producer.client", "bench.report",
+            "bench.scale", "bench.chaos.verify"} <= set(graph)
     assert cycles(graph) == []
 
 
 def test_no_import_circle_between_folders() -> None:
-    folders = folder_graph(import_graph(*ALL))
-    assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq"} <= set(folders)
+    folders = folder_graph(import_graph(*EVERYTHING))
+    assert {"worker", "worker.loop", "worker.governor", "worker.engines.vllm", "ocrq", "bench",
+            "bench.chaos"} <= set(folders)
     assert cycles(folders) == []
+
+
+def test_every_message_is_published_through_one_module() -> None:
+    """``send_task`` and Celery's ``retry`` are called in ocrq/broker/publish.py alone (the feed,
+    the client, reprocess, the tasks and the export sweep go through it)."""
+    calls = []
+    for package in ALL:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == ROOT / "ocrq" / "broker" / "publish.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("send_task", "retry", "apply_async", "delay")):
+                    calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.attr}")
+    assert calls == []

@@ -1,4 +1,4 @@
-"""ocrq.lines: a line over the cap is read through in blocks and comes back as its length, never
+"""producer.lines: a line over the cap is read through in blocks and comes back as its length, never
 held (measured with tracemalloc), and every byte still reaches the file's digest."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 import io
 import tracemalloc
 
-from ocrq.lines import LongLine, capped_lines, text_lines
+from producer.lines import LongLine, capped_lines, text_lines
 
 
 def test_lines_keep_their_newlines_and_a_last_line_without_one() -> None:
@@ -40,8 +40,8 @@ def test_a_line_exactly_at_the_cap_is_kept() -> None:
 def test_a_manifest_line_over_the_cap_is_refused_by_its_length(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from ocrq.expand import expand_entries
     from ocrq.settings import LimitSettings
+    from producer.expand import expand_entries
 
     (tmp_path / "a.png").write_bytes(b"x")
     long = "a" * (10 * 1024 * 1024)

@@ -1,5 +1,5 @@
-"""OpenAI Batch lines in (ocrq.openai_requests, ocrq.inline_images) and out
-(ocrq.openai_responses): parsing, the task a prompt selects, size caps, and the shapes checked
+"""OpenAI Batch lines in (producer.openai_requests, producer.inline_images) and out
+(ocrq.output.openai_responses): parsing, the task a prompt selects, size caps, and the shapes checked
 with the real libraries (openai's ChatCompletion; vLLM's batch models in the vllm tier)."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import pytest
 
 from ocrq import keys
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
-from ocrq.feed import Submission, shard_bytes, shard_lines, shard_specs
-from ocrq.fetch import fetch
-from ocrq.inline_images import InlineImages, decode_data_uri
-from ocrq.intake import IntakePlan
+from ocrq.jobs.feed import Submission, shard_bytes, shard_lines, shard_specs
 from ocrq.messages import Chunk, Item
-from ocrq.openai_requests import InvalidLine, custom_id_of, parse_line
-from ocrq.openai_responses import final_lines, rejected_line, result_line
+from ocrq.net.fetch import fetch
+from ocrq.output.openai_responses import final_lines, rejected_line, result_line
 from ocrq.prompts import prompt
 from ocrq.refs import parse
 from ocrq.results import ErrorInfo, ImageRecord, ImageResult, ImageStatus, OcrLine, OcrOutput
 from ocrq.settings import LimitSettings
-from ocrq.sqlite_store import SqliteStore
+from ocrq.store.sqlite_store import SqliteStore
+from producer.inline_images import InlineImages, decode_data_uri
+from producer.intake import IntakePlan
+from producer.openai_requests import InvalidLine, custom_id_of, parse_line
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai-batch.jsonl"
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
@@ -97,7 +97,7 @@ def test_a_data_uri_is_capped_before_it_is_decoded(monkeypatch):
     def never(*_: Any, **__: Any) -> bytes:
         raise AssertionError("decoded an oversized data: URI")
 
-    monkeypatch.setattr("ocrq.inline_images.base64.b64decode", never)
+    monkeypatch.setattr("producer.inline_images.base64.b64decode", never)
     with pytest.raises(TooLarge, match="limits.max_bytes"):
         decode_data_uri("data:image/png;base64," + "A" * 10_000, 1_000)
     monkeypatch.undo()
@@ -233,9 +233,9 @@ def test_vllm_run_batch_accepts_the_inputs_and_reads_the_outputs():
 
 
 def test_error_lines_of_a_file_fixed_and_submitted_again_are_not_repeated(tmp_path):
-    from ocrq.openai_requests import DuplicateCustomId
-    from ocrq.openai_responses import rejected
+    from ocrq.output.openai_responses import rejected
     from ocrq.results import json_line
+    from producer.openai_requests import DuplicateCustomId
 
     store = SqliteStore(tmp_path / "store")
     bad = InvalidLine("no image_url part")

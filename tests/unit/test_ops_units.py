@@ -10,12 +10,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from ocrq.errors import BadImage, EngineOOM
-from ocrq.failed import parse_since
+from ocrq.jobs.failed import parse_since
 from ocrq.messages import Item
 from ocrq.results import ErrorInfo, ImageRecord, ImageStatus
 from ocrq.settings import Settings
-from ocrq.stack import Stack, flower_argv
-from worker.chunk_report import ChunkReport
+from ocrq_cli.embedded.stack import Stack, flower_argv
+from worker.chunk.report import ChunkReport, failure
 from worker.memory.nvml import NullProbe
 from worker.metrics import WorkerMetrics
 
@@ -33,7 +33,7 @@ def test_flower_password_is_generated_once_private_and_reused(tmp_path: Path) ->
 
 def test_flower_runs_the_ocrq_app_with_auth_and_bounded_memory() -> None:
     argv, env = flower_argv(Settings(flower_port=1234, flower_max_tasks=500), "ops:pw")
-    assert argv[argv.index("-A") + 1] == "ocrq.celery_app"
+    assert argv[argv.index("-A") + 1] == "ocrq.broker.celery_app"
     assert {"--max_tasks=500", "--port=1234"} <= set(argv)
     # the password is not on the command line (`ps` shows it to every local user)
     assert env == {"FLOWER_BASIC_AUTH": "ops:pw"} and not any("ops:pw" in a for a in argv)
@@ -42,13 +42,13 @@ def test_flower_runs_the_ocrq_app_with_auth_and_bounded_memory() -> None:
 
 
 def test_chunk_outcome_names_failures() -> None:
-    report = ChunkReport(done=2)
-    report.fail(Item(id="a", ref="/x/broken.png"), BadImage("cannot decode"))
+    broken = failure(Item(id="a", ref="/x/broken.png"), BadImage("cannot decode"))
+    report = ChunkReport(done=2, failed=1, failures=(broken,))
     summary = report.summary()
     assert summary["outcome"] == "FAILED 1/3: BadImage×1"
     assert summary["errors"] == [{"ref": "/x/broken.png", "type": "BadImage", "message": "cannot decode"}]
     assert ChunkReport(done=3).summary()["outcome"] == "ok 3/3"
-    retry = ChunkReport(done=1, retry=[Item(id="b", ref="r")]).summary()
+    retry = ChunkReport(done=1, retry=(Item(id="b", ref="r"),)).summary()
     assert retry["outcome"] == "RETRY 1/2" and "errors" not in retry
 
 
@@ -87,7 +87,7 @@ def test_worker_metrics_names_and_labels() -> None:
 
 
 def test_a_generated_redis_password_is_private_and_found_only_for_its_server(tmp_path: Path) -> None:
-    from ocrq.embedded_redis import with_password, write_conf
+    from ocrq_cli.embedded.redis_servers import with_password, write_conf
 
     var = tmp_path / "var"
     url = with_password(var, "redis://127.0.0.1:6390/0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocrq.progress import BUCKET_S, BUCKETS, RawProgress, engines, parse, window_of
+from ocrq.jobs.progress import BUCKET_S, BUCKETS, RawProgress, engines, parse, window_of
 from producer.progress import rate_now, series, summarise
 
 NOW = 1_000_000.0  # a window boundary (BUCKET_S divides it)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
-from ocrq.expand import expand
 from ocrq.messages import Chunk, Item, checked_message, chunk_argsrepr
 from ocrq.redact import redact_text, redact_url
 from ocrq.refs import MAX_REF_CHARS, parse
 from ocrq.settings import LimitSettings
+from producer.expand import expand
 
 SIGNED = ("https://bucket.s3.amazonaws.com/scans/a.png?X-Amz-Algorithm=AWS4-HMAC-SHA256"
           "&X-Amz-Credential=AKIAEXAMPLE%2F20261201%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Signature=deadbeef")

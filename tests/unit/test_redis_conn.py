@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ocrq import redis_conn
+from ocrq.broker import redis_conn
 from ocrq.settings import RedisSettings
 
 URL = "sentinel://:s3cret@10.0.0.1:26379/2;sentinel://10.0.0.2/2;sentinel://10.0.0.3:26380/2"
@@ -40,7 +40,7 @@ def test_celery_gets_the_master_name_and_the_sentinels_password_and_tls_only_on_
 def test_with_sentinel_tls_celery_reaches_the_master_over_tls_too(tmp_path):
     import ssl
 
-    from ocrq.queue import make_celery
+    from ocrq.broker.queue import make_celery
     from ocrq.settings import Settings
 
     ca = tmp_path / "ca.pem"

@@ -1,4 +1,4 @@
-"""ocrq.refs and ocrq.expand on local files: parsing, confinement, directories, manifests, local fetch."""
+"""ocrq.refs and producer.expand on local files: parsing, confinement, directories, manifests, local fetch."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ocrq.errors import MissingObject, RefusedRef, TooLarge
-from ocrq.expand import expand, expand_entries
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.refs import BAD_REF_PREFIX, canonical, is_local, parse
 from ocrq.settings import LimitSettings
+from producer.expand import expand, expand_entries
 
 
 @pytest.fixture()
@@ -32,11 +32,11 @@ def limits(root: Path) -> LimitSettings:
 @pytest.fixture(params=["descriptor", "realpath"])
 def confinement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Local fetch both ways: confined on the opened descriptor (Linux) and by realpath first."""
-    import ocrq.fetch
+    import ocrq.net.fetch
 
     if request.param == "realpath":
-        monkeypatch.setattr(ocrq.fetch, "_FD_DIR", None)
-    elif ocrq.fetch._FD_DIR is None:
+        monkeypatch.setattr(ocrq.net.fetch, "_FD_DIR", None)
+    elif ocrq.net.fetch._FD_DIR is None:
         pytest.skip("no O_PATH or /proc/self/fd here")
     return str(request.param)
 

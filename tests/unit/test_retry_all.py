@@ -1,4 +1,4 @@
-"""A chunk that failed as a whole (worker.tasks._retry_all): an outage of ocrq's own store or Redis
+"""A chunk that failed as a whole (worker.chunk.whole.retry_all): an outage of ocrq's own store or Redis
 does not spend its images' attempts (for up to ``queue.outage_retry_s``); past that, final
 failures that cannot be stored are handed back, never acked as "running". The context is a fake
 (``FakeContext``) whose store is down or up; the retry policy is the real one."""
@@ -14,7 +14,8 @@ from ocrq.errors import StorageUnavailable, TooLarge
 from ocrq.messages import Chunk, Item
 from ocrq.results import ImageRecord, ImageStatus
 from ocrq.settings import Settings
-from worker.tasks import _outage_wait, _retry_all
+from worker.chunk.retry import outage_wait
+from worker.chunk.whole import retry_all
 
 
 class FakeStore:
@@ -55,6 +56,7 @@ class FakeContext:
     settings: Settings = field(default_factory=Settings)
     index: FakeIndex = field(default_factory=FakeIndex)
     metrics: FakeMetrics = field(default_factory=FakeMetrics)
+    hostname: str = "w@h"
 
 
 def _chunk(outage_since: float | None = None) -> Chunk:
@@ -72,7 +74,7 @@ def test_an_outage_of_the_store_does_not_spend_the_images_attempts() -> None:
     chaos suite's `s3` scenario): the store was down, not the images."""
     ctx = FakeContext(FakeStore(down=True))
     t0 = time.time()
-    report = _retry_all(ctx, _chunk(), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    report = retry_all(ctx, _chunk(), StorageUnavailable("S3 unavailable"))  # type: ignore[arg-type]
     assert report.failed == 0 and ctx.store.written == []
     assert sorted((it.id, it.attempt) for it in report.retry) == [("a", 4), ("b", 1)]
     assert report.outage_since is not None and report.outage_since >= t0
@@ -80,14 +82,14 @@ def test_an_outage_of_the_store_does_not_spend_the_images_attempts() -> None:
     assert q.backoff_base * 0.5 <= report.countdown <= q.backoff_base  # the outage just began
     assert {r.id: r.status for r in ctx.index.recorded} == {"a": ImageStatus.retrying, "b": ImageStatus.retrying}
     # an outage of 100 s: the next try waits about as long, and the outage keeps its start
-    later = _retry_all(ctx, _chunk(time.time() - 100), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
+    later = retry_all(ctx, _chunk(time.time() - 100), StorageUnavailable("S3 unavailable"))  # type: ignore[arg-type]
     assert 50 <= later.countdown <= 100 and later.outage_since is not None and later.outage_since < t0
 
 
 def test_final_failures_that_cannot_be_stored_are_handed_back_not_acked() -> None:
     ctx = FakeContext(FakeStore(down=True))
-    report = _retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("S3 unavailable"), "w@h")  # type: ignore[arg-type]
-    assert report.failed == 0 and report.failures == []
+    report = retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("S3 unavailable"))  # type: ignore[arg-type]
+    assert report.failed == 0 and report.failures == ()
     # both go back; the one on its last attempt keeps it (the store failed, not the image)
     assert sorted((it.id, it.attempt) for it in report.retry) == [("a", 4), ("b", 2)]
     assert report.countdown > 0
@@ -96,7 +98,7 @@ def test_final_failures_that_cannot_be_stored_are_handed_back_not_acked() -> Non
 
 def test_final_failures_are_recorded_when_the_store_is_up() -> None:
     ctx = FakeContext(FakeStore(down=False))
-    report = _retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("redis went away"), "w@h")  # type: ignore[arg-type]
+    report = retry_all(ctx, _chunk(_long_ago()), StorageUnavailable("redis went away"))  # type: ignore[arg-type]
     assert report.failed == 1 and [it.id for it in report.retry] == ["b"]
     # the failure's document goes into a result part, which its record names; and the mirror
     assert ctx.store.written == ["results/j/parts/e0-00000001.jsonl", "failed/j/a.json"]
@@ -111,11 +113,11 @@ def test_the_outage_wait_grows_with_the_outage_and_ends_after_outage_retry_s() -
     ctx = FakeContext(FakeStore(down=True))
     q = Settings().queue
     down = StorageUnavailable("S3 unavailable")
-    first = _outage_wait(ctx, down, None)  # type: ignore[arg-type]
+    first = outage_wait(ctx.settings.queue, down, None)
     assert first is not None and q.backoff_base * 0.5 <= first <= q.backoff_base
-    later = _outage_wait(ctx, down, time.time() - 100)  # type: ignore[arg-type]
+    later = outage_wait(ctx.settings.queue, down, time.time() - 100)
     assert later is not None and 50 <= later <= 100
-    longest = _outage_wait(ctx, down, time.time() - q.outage_retry_s + 5)  # type: ignore[arg-type]
+    longest = outage_wait(ctx.settings.queue, down, time.time() - q.outage_retry_s + 5)
     assert longest is not None and longest <= q.backoff_max
-    assert _outage_wait(ctx, down, _long_ago()) is None  # type: ignore[arg-type]
-    assert _outage_wait(ctx, TooLarge("not an outage"), None) is None  # type: ignore[arg-type]
+    assert outage_wait(ctx.settings.queue, down, _long_ago()) is None  # type: ignore[arg-type]
+    assert outage_wait(ctx.settings.queue, TooLarge("not an outage"), None) is None  # type: ignore[arg-type]

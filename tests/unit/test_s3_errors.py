@@ -12,9 +12,9 @@ import pytest
 from botocore.stub import Stubber
 
 from ocrq.errors import MissingObject, OcrqError, RefusedRef, StorageUnavailable
-from ocrq.fetch import fetch
+from ocrq.net.fetch import fetch
 from ocrq.settings import LimitSettings
-from ocrq.storage import S3Store
+from ocrq.store.storage import S3Store
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The local store (ocrq.sqlite_store): documents as rows of one database, a job's export as files."""
+"""The local store (ocrq.store.sqlite_store): documents as rows of one database, a job's export as files."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ocrq import keys
 from ocrq.settings import StoreSettings
-from ocrq.sqlite_store import DB_NAME, SqliteStore
-from ocrq.storage import make_store
+from ocrq.store.sqlite_store import DB_NAME, SqliteStore
+from ocrq.store.storage import make_store
 
 
 def test_documents_are_rows_and_read_back_in_batches(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Every store refuses a path that would leave its root, whoever asks, before any I/O: the local
-files (``ocrq.local_store``), the local SQLite store (``ocrq.sqlite_store``) and S3
-(``ocrq.storage.S3Store``; botocore's Stubber plays S3 with no answer queued, so a request that
+files (``ocrq.store.local_store``), the local SQLite store (``ocrq.store.sqlite_store``) and S3
+(``ocrq.store.storage.S3Store``; botocore's Stubber plays S3 with no answer queued, so a request that
 went out would fail the test)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from botocore.stub import Stubber
 
 from ocrq import keys
 from ocrq.errors import RefusedKey
-from ocrq.local_store import LocalStore
-from ocrq.sqlite_store import SqliteStore
-from ocrq.storage import S3Store
+from ocrq.store.local_store import LocalStore
+from ocrq.store.sqlite_store import SqliteStore
+from ocrq.store.storage import S3Store
 
 #: what a job name from a hostile message made of a store path, and other ways out
 ESCAPES = [

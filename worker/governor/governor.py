@@ -77,10 +77,7 @@ class Governor:
         token_capacity: int | None = None,
         kv_gated: bool = False,
     ) -> None:
-        if not 0.0 <= headroom < 1.0:
-            raise ValueError(f"headroom must be in [0, 1), got {headroom}")
-        if max_size < 1 or size < 1:
-            raise ValueError("max_size and size must be >= 1")
+        _check_sizes(headroom, max_size, size)
         self.profile = profile
         self.mode: Mode = mode
         self.capacity = resolve_capacity(capacity_bytes, None, memory_cap_bytes)
@@ -420,3 +417,10 @@ class Governor:
                 "rejected_peaks": self.calibrator.rejected,
                 "restored_observations": self._restored,
             }
+
+
+def _check_sizes(headroom: float, max_size: int, size: int) -> None:
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom must be in [0, 1), got {headroom}")
+    if max_size < 1 or size < 1:
+        raise ValueError("max_size and size must be >= 1")
