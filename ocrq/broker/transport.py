@@ -340,3 +340,9 @@ def _delivery_tag(raw: bytes) -> str | None:
 
 class Transport(kredis.Transport):
     Channel = Channel
+    # Declared, so kombu's ensure() keeps retrying a connection error after it has reconnected
+    # once (without it kombu calls the transport unable to tell recoverable errors apart and
+    # raises the second one): a publish right after a Sentinel promotion met "The previous
+    # master is now a slave" twice, from a Sentinel that had not yet seen the promotion, and
+    # `ocrq submit` failed within a second instead of riding the publish retry policy
+    recoverable_connection_errors = kredis.Transport.connection_errors

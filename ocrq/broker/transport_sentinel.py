@@ -47,3 +47,4 @@ class Channel(base.Channel, kredis.SentinelChannel):
 
 class Transport(kredis.SentinelTransport):
     Channel = Channel
+    recoverable_connection_errors = base.Transport.recoverable_connection_errors  # (see there)
