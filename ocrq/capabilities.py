@@ -4,7 +4,8 @@ HunyuanOCR (``transformers``, ``vllm``, ``vllm-server``) runs every task of ``oc
 and any prompt. RapidOCR reads text: it runs ``text`` and ``spotting`` (its lines carry their
 boxes) and nothing that asks for more (a parse to markdown, fields, a translation, a prompt of
 one's own); returning its plain reading as ``done`` for those would be a silent wrong answer.
-The simulated engine takes anything (its text is a digest of the request).
+The simulated engine takes anything (its text is a digest of the request). Each kind's tasks are
+its row in ``ocrq.engine_registry``.
 
 Every worker publishes its engine's capabilities in its state (``ocrq.keys.worker_state``,
 field ``capabilities``, with the queues it consumes). A producer refuses a submission that no
@@ -18,28 +19,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ocrq.engine_registry import ENGINES
 from ocrq.messages import TASKS
-
-#: the engine kinds that host HunyuanOCR
-HUNYUAN = ("transformers", "vllm", "vllm-server")
-#: engine kind -> the tasks it runs
-ENGINE_TASKS: dict[str, tuple[str, ...]] = {
-    "rapidocr": ("text", "spotting"),
-    "transformers": TASKS,
-    "vllm": TASKS,
-    "vllm-server": TASKS,
-    "simulated": TASKS,
-}
-#: engine kinds that follow ``params["prompt"]`` (a custom prompt: an OpenAI Batch line's own text)
-CUSTOM_PROMPT = frozenset({"transformers", "vllm", "vllm-server", "simulated"})
-#: engine kinds that run on the CPU whatever the host has (the others: on the GPU a worker was given)
-CPU_ENGINES = frozenset({"rapidocr", "simulated"})
 
 
 def capabilities(kind: str, device: str) -> dict[str, Any]:
     """What a worker with an engine of ``kind`` on ``device`` ("cpu" | "gpu") publishes."""
-    return {"kind": kind, "device": device, "tasks": list(ENGINE_TASKS.get(kind, ())),
-            "custom_prompt": kind in CUSTOM_PROMPT}
+    row = ENGINES.get(kind)
+    if row is None:
+        return {"kind": kind, "device": device, "tasks": [], "custom_prompt": False}
+    return {"kind": kind, "device": device, "tasks": list(TASKS if row.tasks is None else row.tasks),
+            "custom_prompt": row.custom_prompt}
 
 
 def _asks(task: str, params: Mapping[str, Any] | None) -> str:
@@ -58,7 +48,7 @@ def unsupported(caps: Mapping[str, Any], task: str, params: Mapping[str, Any] | 
 
 def engines_for(task: str, params: Mapping[str, Any] | None) -> list[str]:
     """The engine kinds that honour ``task`` with ``params`` (simulated left out: tests only)."""
-    return [kind for kind in ENGINE_TASKS if kind != "simulated"
+    return [kind for kind, row in ENGINES.items() if not row.test_only
             and unsupported(capabilities(kind, "cpu"), task, params) is None]
 
 

@@ -17,7 +17,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +27,7 @@ from pydantic_settings import (
 )
 from pydantic_settings import SettingsError as SourceError
 
+from ocrq.engine_registry import ENGINES
 from ocrq.settings_check import SettingsError, check_environment, check_profile, explain
 
 __all__ = ["Settings", "SettingsError", "load_settings"]
@@ -167,7 +169,8 @@ class LimitSettings(_Section):
 
 
 class EngineSettings(_Section):
-    kind: Literal["rapidocr", "transformers", "vllm", "vllm-server", "simulated"] = "rapidocr"
+    #: a row of ``ocrq.engine_registry.ENGINES``: rapidocr, transformers, vllm, vllm-server, simulated
+    kind: str = "rapidocr"
     #: model directory (HunyuanOCR checkpoint) for transformers/vllm
     model_dir: Path | None = None
     #: "auto": bf16 on CUDA, fp32 on CPU
@@ -253,6 +256,15 @@ class EngineSettings(_Section):
     rapid_limit_side_len: int = 960
     #: engine-specific extras passed through untouched
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in ENGINES:  # as a Literal of the registry's kinds would say it
+            known = [repr(k) for k in ENGINES]
+            expected = f"{', '.join(known[:-1])} or {known[-1]}"
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return kind
 
 
 class BatchSettings(_Section):

@@ -16,14 +16,15 @@ import redis
 
 from ocrq import keys
 from ocrq.broker import redis_conn
-from ocrq.capabilities import CPU_ENGINES, capabilities
+from ocrq.capabilities import capabilities
+from ocrq.engine_registry import ENGINES, engine_kind
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
 from ocrq.settings import BatchSettings, EngineSettings, Settings
 from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.decoding.decode import Decoder, make_decoder
-from worker.engines.base import Engine, OcrRequest
+from worker.engines.base import Capacity, Engine, KvCapacity, KvGated, OcrRequest, Profiled, StartsInPhases
 from worker.memory.costs import ModelProfile
 from worker.metrics import WorkerMetrics
 from worker.progress import ProgressCounter
@@ -142,16 +143,16 @@ def build_context(settings: Settings, queues: list[str] | None = None,
         t0 = time.perf_counter()
         made.append((_Clients.make(settings, queues), time.perf_counter() - t0))
 
-    beside_build = getattr(engine, "while_building", None)
-    if isinstance(beside_build, list):
+    overlaps = isinstance(engine, StartsInPhases)
+    if isinstance(engine, StartsInPhases):
         # vLLM: while its core builds and this process waits for it (the GIL free), after the
         # renderer's warm-up: the first full collection and the clients
         from worker import gcwatch
 
-        beside_build.extend([gcwatch.freeze, make_clients])
+        engine.while_building.extend([gcwatch.freeze, make_clients])
         during = "engine.llm"
     started = _StartEngine(engine)
-    if not isinstance(beside_build, list):  # any other engine: the clients on this thread meanwhile
+    if not overlaps:  # any other engine: the clients on this thread meanwhile
         during = "engine"
         try:
             make_clients()
@@ -167,8 +168,8 @@ def build_context(settings: Settings, queues: list[str] | None = None,
             clients.close()
         raise
     engine_s = startup.mark("engine")
-    phases = dict(getattr(engine, "start_phases", None) or {})
-    beside = dict(getattr(engine, "start_beside", None) or {})
+    phases = dict(engine.start_phases) if isinstance(engine, StartsInPhases) else {}
+    beside = dict(engine.start_beside) if isinstance(engine, StartsInPhases) else {}
     startup.add_detail("engine", phases, path=[p for p in ("import", "llm", "after_llm") if p in phases])
     for name, seconds in beside.items():
         startup.add_beside(f"engine.{name}", seconds, during="engine.llm")
@@ -265,7 +266,8 @@ class _Clients:
         loop.start()
         metrics.watch(loop.state, self.probe, getattr(self.probe, "device", "none"), self.redis,
                       queues or [settings.queue.name], settings.redis)
-        device = "cpu" if settings.engine.kind in CPU_ENGINES or isinstance(self.probe, NullProbe) else "gpu"
+        device = ("cpu" if engine_kind(settings.engine.kind).device == "cpu" or isinstance(self.probe, NullProbe)
+                  else "gpu")
         progress = ProgressCounter(self.redis, settings.engine.kind, device)
         progress.start()
         return WorkerContext(
@@ -286,12 +288,12 @@ def cache_client(settings: Settings, broker: Any) -> Any:
 
 
 def profile_of(engine: Engine) -> ModelProfile:
-    """The engine's ``memory_profile`` attribute; engines without one (CPU) get the nominal CPU
-    profile, which measured peaks then recalibrate if the engine reports any."""
-    profile = getattr(engine, "memory_profile", None)
-    if isinstance(profile, ModelProfile):
-        return profile
-    if getattr(engine, "name", "") not in ("rapidocr", "simulated"):
+    """The engine's ``memory_profile``; engines without one (CPU) get the nominal CPU profile, which
+    measured peaks then recalibrate if the engine reports any."""
+    if isinstance(engine, Profiled):
+        return engine.memory_profile
+    row = ENGINES.get(engine.name)
+    if row is None or row.device != "cpu":
         log.warning("engine %s has no memory_profile: the governor starts from CPU costs", engine.name)
     return ModelProfile.cpu_default()
 
@@ -302,13 +304,11 @@ def governor_for(batch: BatchSettings, engine: Engine, probe: MemoryProbe | None
     itself sees plain numbers and knows no engine."""
     from worker.governor.governor import Governor
 
-    capacity = getattr(engine, "capacity_bytes", None)
-    tokens = getattr(engine, "kv_capacity_tokens", None)
     return Governor.from_settings(
         batch, profile_of(engine), probe,
-        engine_capacity=capacity if isinstance(capacity, int) else None,
-        token_capacity=tokens if isinstance(tokens, int) else None,
-        kv_gated=getattr(engine, "kv_gated", False) is True,
+        engine_capacity=engine.capacity_bytes if isinstance(engine, Capacity) else None,
+        token_capacity=engine.kv_capacity_tokens if isinstance(engine, KvCapacity) else None,
+        kv_gated=isinstance(engine, KvGated) and engine.kv_gated,
     )
 
 

@@ -1,34 +1,23 @@
-"""Engine kind (``engine.kind`` in settings) → the engine that serves it.
+"""Engine kind (``engine.kind`` in settings) → the engine that serves it, by its row in
+``ocrq.engine_registry``.
 
-Engines are imported lazily so a CPU worker never imports torch or vLLM. It lives above
+Engines are imported when built, so a CPU worker never imports torch or vLLM. It lives above
 ``worker.engines`` so that the engines folder never imports its own subfolders (no folder circle)."""
 
 from __future__ import annotations
 
+import importlib
+from functools import reduce
+from typing import Any
+
+from ocrq.engine_registry import engine_kind
 from ocrq.settings import EngineSettings
 from worker.engines.base import Engine
 
 
 def build_engine(settings: EngineSettings) -> Engine:
-    kind = settings.kind
-    if kind == "rapidocr":
-        from worker.engines.rapid import RapidOcrEngine
-
-        return RapidOcrEngine(settings)
-    if kind == "transformers":
-        from worker.engines.transformers.engine import TransformersEngine
-
-        return TransformersEngine(settings)
-    if kind == "vllm":
-        from worker.engines.vllm.engine import VllmEngine
-
-        return VllmEngine(settings)
-    if kind == "vllm-server":
-        from worker.engines.vllm.server import VllmServerEngine
-
-        return VllmServerEngine(settings)
-    if kind == "simulated":
-        from worker.engines.simulated import SimulatedEngine
-
-        return SimulatedEngine.from_settings(settings)
-    raise ValueError(f"unknown engine kind {kind!r}")
+    """The engine of ``settings.kind``, made by its row's factory from ``settings``."""
+    module, _, attribute = engine_kind(settings.kind).factory.partition(":")
+    factory: Any = reduce(getattr, attribute.split("."), importlib.import_module(module))
+    engine: Engine = factory(settings)
+    return engine

@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ocrq.engine_registry import engine_kind
 from ocrq.settings import Settings
 
 log = logging.getLogger(__name__)
 
 #: where NVIDIA's MPS control daemon makes its pipes unless ``CUDA_MPS_PIPE_DIRECTORY`` says otherwise
 MPS_PIPE_DEFAULT = "/tmp/nvidia-mps"
-
-#: engines that do not run on a local GPU: one worker per GPU would only multiply CPU work
-CPU_ENGINES = ("rapidocr", "vllm-server")
 
 
 @dataclass(frozen=True)
@@ -157,7 +155,7 @@ def plan_gpu_workers(settings: Settings, gpus: list[Gpu], host: str) -> list[Wor
     """One worker per GPU, or ``engine.engines_per_gpu`` (vllm), all first ones first: ``gpu0@host``,
     then ``gpu0.1@host`` … Raises ValueError when the configured engine does not use a GPU, or
     shares one and is not vllm."""
-    if settings.engine.kind in CPU_ENGINES:
+    if not engine_kind(settings.engine.kind).runs_per_gpu:  # one per GPU would only multiply CPU work
         raise ValueError(f"--gpus: engine.kind is {settings.engine.kind}, which does not run on a local GPU; "
                          "use a GPU profile, e.g. --config configs/gpu-vllm.yaml")
     per_gpu = settings.engine.engines_per_gpu

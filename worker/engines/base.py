@@ -6,11 +6,15 @@ memory problem raises ``EngineOOM`` (the engine loop bisects and retries the hal
 whole-batch failure raises ``EngineCrashed``/``EngineTimeout``.
 
 Invariant (tested for every engine): an image's output never depends on the batch it ran in.
+
+Beyond ``Engine``, an engine may have any of the capabilities below (small protocols, checked
+with ``isinstance``): the worker uses what an engine has and asks nothing else of it. A new engine
+is one module with an ``Engine`` and one row in ``ocrq.engine_registry``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -18,9 +22,10 @@ from PIL import Image
 
 from ocrq.errors import OcrqError
 from ocrq.results import OcrOutput
-from worker.memory.costs import ImageCost, MemorySample
+from worker.memory.costs import ImageCost, MemorySample, ModelProfile
 
-__all__ = ["Engine", "ImageCost", "MemorySample", "OcrRequest"]
+__all__ = ["Capacity", "ConcurrentBatches", "Engine", "ImageCost", "KvCapacity", "KvGated", "MemorySample",
+           "OcrRequest", "Profiled", "RendersAhead", "ReportsStats", "StartsInPhases"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +74,69 @@ class Engine(Protocol):
 
     def close(self) -> None:
         ...
+
+
+# --- capabilities ------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Profiled(Protocol):
+    """The governor plans its device memory with a model's costs (without: the nominal CPU costs,
+    which measured peaks then recalibrate)."""
+
+    @property
+    def memory_profile(self) -> ModelProfile: ...
+
+
+@runtime_checkable
+class Capacity(Protocol):
+    #: device bytes the engine may claim (vLLM: its utilization share); None until started
+    capacity_bytes: int | None
+
+
+@runtime_checkable
+class KvCapacity(Protocol):
+    #: tokens the engine's KV cache holds; None until started or unknown
+    kv_capacity_tokens: int | None
+
+
+@runtime_checkable
+class KvGated(Protocol):
+    @property
+    def kv_gated(self) -> bool:
+        """Requests enter through a KV gate: the governor may book more than the cache holds."""
+        ...
+
+
+@runtime_checkable
+class ConcurrentBatches(Protocol):
+    #: micro-batches the engine loop may keep in flight at once (1: each drains before the next)
+    concurrent_batches: int
+
+
+@runtime_checkable
+class RendersAhead(Protocol):
+    def prepare(self, requests: Sequence[OcrRequest]) -> None:
+        """CPU-side work on queued images ahead of their batch (advisory: a batch does what is missing)."""
+        ...
+
+    def discard(self, requests: Sequence[OcrRequest]) -> None:
+        """Queued images that will not run (cancelled): forget what ``prepare`` made for them."""
+        ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    def stats(self) -> Mapping[str, Any]:
+        """Where the engine's time goes (shown in the worker's state)."""
+        ...
+
+
+@runtime_checkable
+class StartsInPhases(Protocol):
+    #: seconds of ``start()``'s critical path by phase ("import", "llm", "after_llm")
+    start_phases: dict[str, float]
+    #: seconds of work ``start()`` ran beside its critical path, by name
+    start_beside: dict[str, float]
+    #: callables ``start()`` runs while the engine builds (the worker adds its own: the clients)
+    while_building: list[Callable[[], object]]

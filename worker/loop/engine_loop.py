@@ -32,7 +32,15 @@ from typing import Any
 
 from ocrq.errors import EngineCrashed, OcrqError, classify
 from ocrq.results import OcrOutput
-from worker.engines.base import Engine, ImageCost, MemorySample, OcrRequest
+from worker.engines.base import (
+    ConcurrentBatches,
+    Engine,
+    ImageCost,
+    MemorySample,
+    OcrRequest,
+    RendersAhead,
+    ReportsStats,
+)
 from worker.governor.governor import Governor
 from worker.loop.engine_time import EngineTime
 from worker.loop.intake import Intake, QueuedImage, settle
@@ -74,7 +82,7 @@ class EngineLoop(OomRecovery):
         self._pending: list[QueuedImage] = []
         self._inflight: list[QueuedImage] = []
         #: micro-batches the engine may run at once (1: one batch drains before the next starts)
-        self._slots = max(1, int(getattr(engine, "concurrent_batches", 1) or 1))
+        self._slots = max(1, int(engine.concurrent_batches or 1)) if isinstance(engine, ConcurrentBatches) else 1
         governor.slots = self._slots
         self._running = 0
         self._time = EngineTime()
@@ -145,10 +153,9 @@ class EngineLoop(OomRecovery):
             # most urgent first, arrival order within a priority (a stable sort, linear when sorted)
             self._pending.sort(key=lambda it: it.request.priority)
             self._cond.notify_all()
-        prepare = getattr(self.engine, "prepare", None)
-        if prepare is not None and items:  # CPU-side work ahead of the batch (vLLM: rendering)
+        if isinstance(self.engine, RendersAhead) and items:  # CPU-side work ahead of the batch (vLLM: rendering)
             try:
-                prepare([it.request for it in items])
+                self.engine.prepare([it.request for it in items])
             except Exception:  # advisory: the batch prepares what is missing itself
                 self.log.debug("engine.prepare() failed", exc_info=True)
         return futures
@@ -185,10 +192,9 @@ class EngineLoop(OomRecovery):
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
-        stats = getattr(self.engine, "stats", None)
-        if stats is not None:
+        if isinstance(self.engine, ReportsStats):
             try:
-                loop["engine"] = stats()
+                loop["engine"] = dict(self.engine.stats())
             except Exception:
                 self.log.debug("engine.stats() failed", exc_info=True)
         return {**self.governor.state(), "token_capacity": self.governor.token_capacity, **loop}
@@ -323,9 +329,8 @@ class EngineLoop(OomRecovery):
         if self._running == 0:
             self._time.started()
         self._running += 1
-        discard = getattr(self.engine, "discard", None)
-        if cancelled and discard is not None:
-            discard(cancelled)
+        if cancelled and isinstance(self.engine, RendersAhead):
+            self.engine.discard(cancelled)
         return batch
 
     def _free_bytes(self) -> int | None:

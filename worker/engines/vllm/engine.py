@@ -94,7 +94,7 @@ class VllmEngine:
         #: work of the worker's own to run while vLLM's engine core builds (after the renderer's
         #: warm-up, in its thread; skipped if the core is ready first): the worker's first
         #: garbage collection and freeze (``worker.context``)
-        self.while_building: list[Callable[[], None]] = []
+        self.while_building: list[Callable[[], object]] = []
 
     # --- identity ----------------------------------------------------------------------------
 

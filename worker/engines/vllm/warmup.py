@@ -44,7 +44,7 @@ class RendererWarmup:
     ``finish`` waits for the render, or renders now when it did not happen."""
 
     def __init__(self, render: Callable[[Any, Any], Any], also: Callable[[], None] | None = None,
-                 beside: Sequence[Callable[[], None]] = (), core_started: Callable[[], bool] = core_started) -> None:
+                 beside: Sequence[Callable[[], object]] = (), core_started: Callable[[], bool] = core_started) -> None:
         #: ``render(renderer, model_config)`` renders the warm-up page; ``also`` runs after it in
         #: the same thread (the answer tokenizer's load); ``beside`` after that, only while the core
         #: is still building (work of the worker's own that would otherwise follow the build)
