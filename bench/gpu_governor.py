@@ -53,10 +53,10 @@ def _requests(images: list[Any], tokens: int) -> list[Any]:
 
 
 def _engine(model: Path, decode: str = "graph", dtype: str = "auto") -> Any:
-    from ocrq.settings import EngineSettings
+    from ocrq.engine_settings import TransformersSettings
     from worker.engines.transformers.engine import TransformersEngine
 
-    settings = EngineSettings(kind="transformers", model_dir=model, max_new_tokens=256, repetition_stop=0,
+    settings = TransformersSettings(kind="transformers", model_dir=model, max_new_tokens=256, repetition_stop=0,
                               max_pixels=2048 * 2048, dtype=dtype, extra={"decode": decode, "ignore_eos": True})
     engine = TransformersEngine(settings)
     engine.start()

@@ -286,6 +286,7 @@ def worker(args: argparse.Namespace) -> None:
     from bench.gpu_worker import run_job
     from bench.services import free_port, start_redis, start_worker, stop
     from ocrq import keys  # noqa: F401  (run_job reads the worker state through it)
+    from ocrq.engine_settings import VllmServerSettings
     from ocrq.settings import Settings
     from ocrq_cli.embedded.gpus import mps_running, share_env
     from producer.client import Client
@@ -327,11 +328,10 @@ def worker(args: argparse.Namespace) -> None:
                            "jobs": []}
     try:
         if args.server:
-            from ocrq.settings import EngineSettings
             from worker.engines.vllm.launcher import api_servers, launch_server
 
             sport = free_port()
-            es = EngineSettings(kind="vllm-server", model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
+            es = VllmServerSettings(model_dir=model, max_model_len=args.max_model_len, max_num_seqs=256,
                                 max_num_batched_tokens=args.max_num_batched_tokens,
                                 gpu_memory_utilization=_utilization(args.cap_gb) if cuda else 0.85,
                                 dtype="bfloat16" if cuda else "float32", enforce_eager=not cuda,

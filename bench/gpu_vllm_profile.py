@@ -174,11 +174,11 @@ def main() -> None:  # noqa: C901  (phases in order, each a few lines)
     if cuda:
         kw["gpu_memory_utilization"] = _utilization(args.cap_gb)
     if args.vision_cuda_graphs and cuda:
-        from ocrq.settings import EngineSettings
+        from ocrq.engine_settings import HunyuanSettings
         from worker.engines.vllm.encoder_graphs import compilation_config
 
         # these rows pass no mm_processor_kwargs: the processor's own bounds, ocrq's default max_pixels
-        kw["compilation_config"] = compilation_config(EngineSettings().max_pixels, args.max_model_len)
+        kw["compilation_config"] = compilation_config(HunyuanSettings().max_pixels, args.max_model_len)
     t0 = time.perf_counter()
     llm = LLM(**kw)
     row: dict[str, Any] = {"name": args.name, "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -106,13 +106,14 @@ def in_process_simulated(folder: Path, extra: dict[str, Any], tokens: int, cap_g
     and governor as the worker, driven in-process with every image decoded and submitted at once."""
     from PIL import Image
 
-    from ocrq.settings import BatchSettings, EngineSettings
+    from ocrq.engine_settings import SimulatedSettings
+    from ocrq.settings import BatchSettings
     from worker.context import governor_for
     from worker.engines.base import OcrRequest
     from worker.engines.simulated import SimulatedEngine
     from worker.loop.engine_loop import EngineLoop
 
-    engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=tokens, extra=extra))
+    engine = SimulatedEngine.from_settings(SimulatedSettings(kind="simulated", max_new_tokens=tokens, extra=extra))
     governor = governor_for(BatchSettings(mode="auto", max_size=128, memory_cap_bytes=int(cap_gb * GIB)),
                             engine, None)
     if snapshot is not None:

@@ -19,7 +19,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from bench.provenance import header
 from bench.services import free_port, start_redis, start_worker, stop
-from ocrq.settings import EngineSettings, Settings
+from ocrq.engine_settings import RapidOcrSettings
+from ocrq.settings import Settings
 from producer.client import Client
 
 WORDS = ["invoice", "total", "receipt", "coffee", "market", "harbor", "window", "garden", "silver",
@@ -47,7 +48,7 @@ def direct(paths: list[Path]) -> float:
     from worker.engines.base import OcrRequest
     from worker.engines.rapid import RapidOcrEngine
 
-    engine = RapidOcrEngine(EngineSettings())
+    engine = RapidOcrEngine(RapidOcrSettings())
     engine.start()
     t0 = time.perf_counter()
     reqs = [OcrRequest(p.name, decode(p.read_bytes(), Settings().limits)[0].image) for p in paths]

@@ -18,7 +18,8 @@ from typing import Any
 
 from celery import Celery
 
-from ocrq.settings import EngineSettings, LimitSettings
+from ocrq.engine_settings import SimulatedSettings
+from ocrq.settings import LimitSettings
 
 URL = os.environ.get("OVERHEAD_REDIS_URL", "redis://127.0.0.1:6399/0")
 
@@ -35,7 +36,7 @@ def _engine() -> Any:
     if _ENGINE is None:
         from worker.engines.simulated import SimulatedEngine
 
-        _ENGINE = SimulatedEngine.from_settings(EngineSettings(kind="simulated"))
+        _ENGINE = SimulatedEngine.from_settings(SimulatedSettings(kind="simulated"))
     return _ENGINE
 
 

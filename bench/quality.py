@@ -27,8 +27,9 @@ from PIL import Image, ImageOps
 
 from bench.cer import bag_error, cer, normalise, normalise_loose
 from bench.provenance import header
+from ocrq.engine_settings import RapidOcrSettings
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings, LimitSettings
+from ocrq.settings import LimitSettings
 from worker.engines.base import OcrRequest
 from worker.engines.rapid import RapidOcrEngine
 
@@ -78,8 +79,8 @@ OWN_IMAGES = [
     "",
     "It decodes each image as the worker does, scores it with the measures below and writes the",
     "same table to `my-quality.md` (never to this page). Images without a `.txt` are listed and",
-    "skipped. The engine settings are the worker's defaults (`engine.rapid_limit_side_len` and",
-    "the rest of `ocrq/settings.py`'s engine section, from `OCRQ_*` variables as for a worker).",
+    "skipped. The engine settings are RapidOCR's defaults (`engine.rapid_limit_side_len` and the",
+    "rest of `RapidOcrSettings` in `ocrq/engine_settings.py`).",
     "",
 ]
 
@@ -150,10 +151,10 @@ def write_report(scores: list[Score], engine: RapidOcrEngine, out: Path = REPORT
 def score_corpus(verbose: bool = True) -> tuple[list[Score], RapidOcrEngine]:
     """Score RapidOCR (default settings, the worker's decode) on every English image with truth."""
     rows = [(row, CORPUS / row["filename"], CORPUS / row["ground_truth_file"]) for row in english_images()]
-    return score_images(rows, EngineSettings(), verbose)
+    return score_images(rows, RapidOcrSettings(), verbose)
 
 
-def score_images(rows: list[tuple[dict[str, str], Path, Path]], settings: EngineSettings,
+def score_images(rows: list[tuple[dict[str, str], Path, Path]], settings: RapidOcrSettings,
                  verbose: bool = True) -> tuple[list[Score], RapidOcrEngine]:
     """Score RapidOCR on (row, image, truth) triples, each decoded as the worker decodes."""
     engine = RapidOcrEngine(settings)

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import VllmServerSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 from worker.engines.vllm.chat import encode_body, request_body
@@ -49,7 +49,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     pages = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
              for w, h in [(2048, 1536), (1024, 768), (1024, 768)]]
-    settings = EngineSettings(kind="vllm-server")
+    settings = VllmServerSettings(kind="vllm-server")
     version = hunyuan.version_of(settings)
     sampling = hunyuan.SAMPLING[version]
 

@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from ocrq.engine_registry import all_engine_fields
+from ocrq.engine_settings import EngineSettings
 
 PREFIX = "OCRQ_"
 NESTED = "__"
@@ -79,9 +83,14 @@ def _open(annotation: Any) -> bool:
     return origin is dict or origin is Mapping
 
 
+def model_fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A section's fields; ``engine``'s are every engine kind's (its class follows ``engine.kind``)."""
+    return all_engine_fields() if issubclass(model, EngineSettings) else dict(model.model_fields)
+
+
 def setting_paths(model: type[BaseModel], base: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
     """Every setting's path with its kind: "section", "leaf" or "open" (takes any key below)."""
-    for name, field in model.model_fields.items():
+    for name, field in model_fields(model).items():
         path = (*base, name)
         sub = _section(field.annotation)
         if sub is not None:
@@ -130,7 +139,7 @@ def unknown_variables(environ: Mapping[str, str], model: type[BaseModel]) -> lis
         if any(name.startswith(p) for p in open_prefixes):
             continue
         lines.append(f"unknown setting {raw} (environment){_did_you_mean(nearest(name, candidates))}"
-                     " — every setting: ocrq/settings.py")
+                     " — every setting: ocrq/settings.py, ocrq/engine_settings.py")
     return lines
 
 
@@ -154,7 +163,7 @@ def unparsable_variables(environ: Mapping[str, str], model: type[BaseModel]) -> 
 
 
 def _fields(model: type[BaseModel], base: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for name, field in model.model_fields.items():
+    for name, field in model_fields(model).items():
         sub = _section(field.annotation)
         if sub is not None:
             yield from _fields(sub, (*base, name))
@@ -227,9 +236,9 @@ def _unknown_key(loc: tuple[Any, ...], model: type[BaseModel], where: str) -> st
     parent = loc[:-1]
     section: type[BaseModel] | None = model
     for part in parent:
-        field = section.model_fields.get(str(part)) if section is not None else None
+        field = model_fields(section).get(str(part)) if section is not None else None
         section = _section(field.annotation) if field is not None else None
-    names = list(section.model_fields) if section is not None else []
+    names = list(model_fields(section)) if section is not None else []
     best = nearest(str(loc[-1]), names)
     return (f"unknown setting {dotted(loc)} ({where})"
             + _did_you_mean(dotted((*parent, best)) if best else None))

@@ -18,9 +18,10 @@ from ocrq import keys
 from ocrq.broker import redis_conn
 from ocrq.capabilities import capabilities
 from ocrq.engine_registry import ENGINES, engine_kind
+from ocrq.engine_settings import EngineSettings, VllmSettings
 from ocrq.jobs.index import JobIndex
 from ocrq.results import OcrOutput
-from ocrq.settings import BatchSettings, EngineSettings, Settings
+from ocrq.settings import BatchSettings, Settings
 from ocrq.store.storage import ResultStore, make_s3_client, make_store
 from worker.cache import ResultCache
 from worker.decoding.decode import Decoder, make_decoder
@@ -186,6 +187,8 @@ def engine_settings_of(settings: Settings) -> EngineSettings:
     """The engine's settings as the worker runs it: one memory cap for engine and governor (vLLM
     then claims no more than the governor plans with), vLLM's compile cache under the var dir."""
     engine_settings = settings.engine
+    if not isinstance(engine_settings, VllmSettings):
+        return engine_settings
     if engine_settings.memory_cap_bytes is None and settings.batch.memory_cap_bytes:
         engine_settings = engine_settings.model_copy(update={"memory_cap_bytes": settings.batch.memory_cap_bytes})
     if engine_settings.kind == "vllm" and engine_settings.compile_cache_dir is None:

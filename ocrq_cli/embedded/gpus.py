@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ocrq.engine_registry import engine_kind
+from ocrq.engine_settings import VllmSettings
 from ocrq.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -117,15 +118,21 @@ def select_gpus(spec: str, gpus: list[Gpu]) -> list[Gpu]:
 def share_env(settings: Settings, share: int) -> dict[str, str]:
     """Settings (as environment) that give a worker 1/``share`` of its GPU's budget: the engine's
     utilization and any memory cap, divided. Empty for a GPU of its own."""
-    if share == 1:
+    engine = settings.engine
+    if share == 1 or not isinstance(engine, VllmSettings):
         return {}
     # floor at vLLM's 4 decimals: the shares never add up to more than the whole
-    env = {"OCRQ_ENGINE__GPU_MEMORY_UTILIZATION": f"{int(settings.engine.gpu_memory_utilization / share * 1e4) / 1e4}"}
+    env = {"OCRQ_ENGINE__GPU_MEMORY_UTILIZATION": f"{int(engine.gpu_memory_utilization / share * 1e4) / 1e4}"}
     if settings.batch.memory_cap_bytes:
         env["OCRQ_BATCH__MEMORY_CAP_BYTES"] = str(settings.batch.memory_cap_bytes // share)
-    if settings.engine.memory_cap_bytes:
-        env["OCRQ_ENGINE__MEMORY_CAP_BYTES"] = str(settings.engine.memory_cap_bytes // share)
+    if engine.memory_cap_bytes:
+        env["OCRQ_ENGINE__MEMORY_CAP_BYTES"] = str(engine.memory_cap_bytes // share)
     return env
+
+
+def engines_per_gpu(settings: Settings) -> int:
+    """``engine.engines_per_gpu`` (vLLM's engines; 1 for any other)."""
+    return settings.engine.engines_per_gpu if isinstance(settings.engine, VllmSettings) else 1
 
 
 def _mps_control(environ: Mapping[str, str]) -> Path:
@@ -142,7 +149,7 @@ def sharing_note(settings: Settings, environ: Mapping[str, str]) -> str | None:
     """A warning for engines sharing a GPU without MPS: processes then take turns on the GPU (no
     kernel of one runs beside the other's). On the H200 two engines gave 0.84x of the pair under
     MPS (14.80 vs 17.71 img/s warm, docs/bench/gpu-vllm.md), itself 1.01x one engine on the same machine."""
-    per_gpu = settings.engine.engines_per_gpu
+    per_gpu = engines_per_gpu(settings)
     if per_gpu == 1 or mps_running(environ):
         return None
     return (f"engine.engines_per_gpu is {per_gpu} and no MPS daemon answers "
@@ -158,7 +165,7 @@ def plan_gpu_workers(settings: Settings, gpus: list[Gpu], host: str) -> list[Wor
     if not engine_kind(settings.engine.kind).runs_per_gpu:  # one per GPU would only multiply CPU work
         raise ValueError(f"--gpus: engine.kind is {settings.engine.kind}, which does not run on a local GPU; "
                          "use a GPU profile, e.g. --config configs/gpu-vllm.yaml")
-    per_gpu = settings.engine.engines_per_gpu
+    per_gpu = engines_per_gpu(settings)
     if per_gpu > 1 and settings.engine.kind != "vllm":
         # the transformers governor plans against the GPU's free memory, which a second process
         # changes under it; vLLM claims its share once, at start

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ocrq.engine_settings import TransformersSettings
 from ocrq.errors import EngineOOM
-from ocrq.settings import EngineSettings
 from worker.engines.base import OcrRequest
 
 torch = pytest.importorskip("torch")
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def engine(full_checkpoint: Path):
     from worker.engines.transformers.engine import TransformersEngine
 
-    eng = TransformersEngine(EngineSettings(kind="transformers", model_dir=full_checkpoint, max_new_tokens=32,
+    eng = TransformersEngine(TransformersSettings(kind="transformers", model_dir=full_checkpoint, max_new_tokens=32,
                                             repetition_stop=0, extra={"ignore_eos": True}))
     eng.start()
     yield eng

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ocrq.engine_settings import VllmSettings
 from ocrq.errors import EngineCrashed
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import OcrRequest
 
 torch = pytest.importorskip("torch")
@@ -34,7 +34,7 @@ SIZES = [(1024, 768), (2048, 1536), (600, 400), (1024, 768)]
 def engine(full_checkpoint: Path) -> Any:
     from worker.engines.vllm.engine import VllmEngine
 
-    eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
+    eng = VllmEngine(VllmSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
                                     extra={"ignore_eos": True}))
     eng.start()

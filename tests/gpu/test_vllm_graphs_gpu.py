@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from ocrq.engine_settings import VllmSettings
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests, first_step_alone_vs_batch
 
 torch = pytest.importorskip("torch")
@@ -35,7 +35,7 @@ def graphed(full_checkpoint: Path) -> Any:
 
     # lets collective_rpc carry a function to vLLM's core process (the checks below run there)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
+    eng = VllmEngine(VllmSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
                                     vision_cuda_graphs=True, extra={"ignore_eos": True}))
     eng.start()

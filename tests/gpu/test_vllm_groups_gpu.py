@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from ocrq.engine_settings import VllmSettings
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from tests.gpu.test_vllm_gpu import GIB, SIZES, _requests, first_step_alone_vs_batch
 
 torch = pytest.importorskip("torch")
@@ -31,7 +31,7 @@ def grouped(full_checkpoint: Path) -> Any:
 
     # lets collective_rpc carry a function to vLLM's core process (the grouped-forward count below)
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    eng = VllmEngine(EngineSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
+    eng = VllmEngine(VllmSettings(kind="vllm", model_dir=full_checkpoint, max_new_tokens=32, repetition_stop=0,
                                     max_model_len=4096, max_num_seqs=64, memory_cap_bytes=24 * GIB,
                                     vision_group_patches=16384, extra={"ignore_eos": True}))
     eng.start()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from ocrq.engine_settings import TransformersSettings
 from ocrq.errors import BadRequest
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import Engine, OcrRequest
 
 torch = pytest.importorskip("torch")
@@ -38,7 +38,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(checkpoint: Path):
     from worker.engines.transformers.engine import TransformersEngine
 
-    eng = TransformersEngine(EngineSettings(kind="transformers", model_dir=checkpoint, max_new_tokens=24))
+    eng = TransformersEngine(TransformersSettings(kind="transformers", model_dir=checkpoint, max_new_tokens=24))
     eng.start()
     yield eng
     eng.close()

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import EngineSettings
+from ocrq.engine_settings import engine_settings as make_engine_settings
 from worker.engines.base import OcrRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +121,7 @@ def engine_settings(model_dir: Path, kind: str, **overrides: Any) -> EngineSetti
         max_new_tokens=64, gpu_memory_utilization=0.1,  # on a GPU (the H200 run): leave room for a server
     )
     base.update(overrides)
-    return EngineSettings(**base)
+    return make_engine_settings(**base)
 
 
 def make_images(seed: int = 0, sizes: Sequence[tuple[int, int]] = SIZES) -> list[Image.Image]:

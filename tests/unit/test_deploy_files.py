@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from ocrq.settings import Settings
+from ocrq.settings_check import model_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def test_profiles_load(profile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _field_exists(path: list[str]) -> bool:
     model: type[BaseModel] = Settings
     for i, part in enumerate(path):
-        field = model.model_fields.get(part)
+        field = model_fields(model).get(part)
         if field is None:
             return False
         ann = field.annotation

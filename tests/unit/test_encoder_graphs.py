@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import VllmServerSettings, VllmSettings
 from worker.engines.vllm import launcher
 from worker.engines.vllm.encoder_graphs import BUDGET_STEP, PATCHES_PER_TOKEN, budgets, page_tokens
 from worker.engines.vllm.options import compilation_config
@@ -38,7 +38,7 @@ def test_budgets_cover_every_page_up_to_max_pixels_in_small_steps(max_pixels: in
 
 
 def test_graphs_only_where_asked_for_on_cuda_and_not_eager(caplog: pytest.LogCaptureFixture) -> None:
-    on = EngineSettings(kind="vllm", vision_cuda_graphs=True, max_model_len=4096)
+    on = VllmSettings(kind="vllm", vision_cuda_graphs=True, max_model_len=4096)
     cc = compilation_config(on, on_cuda=True)
     assert cc is not None and cc["cudagraph_mm_encoder"] is True
     assert cc["encoder_cudagraph_max_vision_items_per_batch"] == 1  # a page's graph from its own size
@@ -48,12 +48,12 @@ def test_graphs_only_where_asked_for_on_cuda_and_not_eager(caplog: pytest.LogCap
     said = [r.getMessage() for r in caplog.records]  # asked for and not possible: said, not silent
     assert said == ["engine.vision_cuda_graphs is ignored: no CUDA device",
                     "engine.vision_cuda_graphs is ignored: enforce_eager is set"]
-    assert compilation_config(EngineSettings(kind="vllm"), on_cuda=True) is None  # off by default
+    assert compilation_config(VllmSettings(kind="vllm"), on_cuda=True) is None  # off by default
 
 
 def test_a_launched_server_gets_the_same_compilation_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launcher, "_has_cuda", lambda: True)
-    s = EngineSettings(kind="vllm-server", vision_cuda_graphs=True)
+    s = VllmServerSettings(kind="vllm-server", vision_cuda_graphs=True)
     argv = launcher.server_argv(tmp_path, 8000, s)
     assert json.loads(argv[argv.index("--compilation-config") + 1]) == compilation_config(s, on_cuda=True)
-    assert "--compilation-config" not in launcher.server_argv(tmp_path, 8000, EngineSettings(kind="vllm-server"))
+    assert "--compilation-config" not in launcher.server_argv(tmp_path, 8000, VllmServerSettings(kind="vllm-server"))

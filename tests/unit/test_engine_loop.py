@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from ocrq.engine_settings import SimulatedSettings
 from ocrq.errors import (
     BadImage,
     EngineCrashed,
@@ -21,7 +22,7 @@ from ocrq.errors import (
     TooLargeForDevice,
 )
 from ocrq.results import OcrOutput
-from ocrq.settings import BatchSettings, EngineSettings
+from ocrq.settings import BatchSettings
 from tests.fakes.fake_nvml import FakeNvml
 from worker.context import governor_for
 from worker.engines.base import ImageCost, OcrRequest
@@ -361,7 +362,7 @@ def test_other_processes_on_the_device_shrink_batches(loops: list[EngineLoop]) -
 def test_the_worker_wiring_runs_the_simulated_engine(loops: list[EngineLoop]) -> None:
     # what worker.context builds: settings → engine → governor from the engine and the probe
     extra = {"capacity_bytes": 8e9, "transient_ooms": 1}
-    engine = SimulatedEngine.from_settings(EngineSettings(kind="simulated", max_new_tokens=64, extra=extra))
+    engine = SimulatedEngine.from_settings(SimulatedSettings(kind="simulated", max_new_tokens=64, extra=extra))
     governor = governor_for(BatchSettings(mode="auto"), engine, NvmlProbe.for_current_device({}))
     assert governor.capacity == 8 * 10**9 and engine.output_tokens == 64
     loop = EngineLoop(engine, governor, None, linger_s=0.05, oom_retries=3, oom_backoff_s=0)

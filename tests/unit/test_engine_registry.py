@@ -1,7 +1,8 @@
 """Adding an engine is one module and one registry row: a toy engine (tests/fixtures/toy_engine.py,
-the ``Engine`` members alone) is accepted by the settings, built by the worker, published with its
-tasks, refused by ``ocrq up --gpus`` (it computes on the CPU), and runs images through the engine
-loop, each image's result its own whatever its batch."""
+its settings class and the ``Engine`` members alone) is accepted by the settings with its own
+setting, built by the worker, published with its tasks, refused by ``ocrq up --gpus`` (it computes
+on the CPU), and runs images through the engine loop, each image's result its own whatever its
+batch."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from PIL import Image
 from ocrq.capabilities import capabilities, unsupported
 from ocrq.engine_registry import ENGINES, EngineKind
 from ocrq.settings import Settings
+from ocrq.settings_check import env_name, unknown_variables
 from ocrq_cli.embedded.gpus import Gpu, plan_gpu_workers
+from tests.fixtures.toy_engine import ToySettings
 from worker.context import engine_settings_of, governor_for
 from worker.engine_kinds import build_engine
 from worker.engines.base import Capacity, KvCapacity, KvGated, OcrRequest, Profiled, RendersAhead, StartsInPhases
 from worker.engines.simulated import SimulatedEngine
 from worker.loop.engine_loop import EngineLoop
 
-TOY = EngineKind("toy", "tests.fixtures.toy_engine:ToyEngine", ("text",), False, "cpu")
+TOY = EngineKind("toy", "tests.fixtures.toy_engine:ToyEngine", ToySettings, ("text",), False, "cpu")
 
 
 @pytest.fixture()
@@ -40,7 +43,9 @@ def test_an_unknown_kind_is_refused_naming_the_known_ones():
 
 def test_a_toy_engine_is_one_module_and_one_row(toy_row, caplog):
     # Given the row, settings naming the kind
-    settings = Settings(engine={"kind": "toy", "extra": {"prefix": "hello"}}, batch={"mode": "fixed", "size": 3})
+    settings = Settings(engine={"kind": "toy", "prefix": "hello"}, batch={"mode": "fixed", "size": 3})
+    assert type(settings.engine) is ToySettings
+    assert not unknown_variables({env_name(("engine", "prefix")): "x"}, Settings)  # its own setting
     # When the worker builds it and plans for it
     engine = build_engine(engine_settings_of(settings))
     with caplog.at_level(logging.WARNING):

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from PIL import Image
 
+from ocrq.engine_settings import VllmServerSettings
 from ocrq.errors import EngineOOM, EngineUnavailable, MissingObject, RetriesExhausted, error_from_dict
-from ocrq.settings import EngineSettings
 from worker.chunk.retry import final_error
 from worker.engines.base import OcrRequest
 
@@ -41,7 +41,7 @@ def _refusing(request: httpx.Request) -> httpx.Response:
 def test_no_live_vllm_server_at_start_is_engine_unavailable() -> None:
     from worker.engines.vllm.server import VllmServerEngine
 
-    settings = EngineSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
+    settings = VllmServerSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
                               served_model="m")
     eng = VllmServerEngine(settings, transport=httpx.MockTransport(_refusing))
     with pytest.raises(EngineUnavailable):
@@ -61,7 +61,7 @@ def test_a_vllm_server_that_dies_is_engine_unavailable(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(server, "BACKOFF_S", 0.01)
     monkeypatch.setattr(server, "PROBE_EVERY_S", 0.0)
-    settings = EngineSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
+    settings = VllmServerSettings(kind="vllm-server", model_dir=Path("/nonexistent"), endpoints=["http://a/v1"],
                               served_model="m", request_timeout=2.0, extra={"retries": 2})
     eng = server.VllmServerEngine(settings, transport=httpx.MockTransport(handler))
     eng.start()

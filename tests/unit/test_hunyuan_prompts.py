@@ -7,7 +7,7 @@ import json
 import pytest
 from PIL import Image
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import HunyuanSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 
@@ -41,9 +41,9 @@ def test_sampling_defaults_are_greedy() -> None:
     assert hunyuan.SAMPLING["1.0"].top_k == 1 and hunyuan.SAMPLING["1.0"].repetition_penalty == 1.0
     assert hunyuan.SAMPLING["1.5"].top_k == -1 and hunyuan.SAMPLING["1.5"].repetition_penalty == 1.08
     assert all(s.temperature == 0.0 for s in hunyuan.SAMPLING.values())
-    assert hunyuan.version_of(EngineSettings(extra={"hunyuan_version": "1.0"})) == "1.0"
+    assert hunyuan.version_of(HunyuanSettings(extra={"hunyuan_version": "1.0"})) == "1.0"
     with pytest.raises(ValueError):
-        hunyuan.version_of(EngineSettings(extra={"hunyuan_version": "2"}))
+        hunyuan.version_of(HunyuanSettings(extra={"hunyuan_version": "2"}))
 
 
 def test_legacy_spotting_to_pixel_polygons() -> None:
@@ -93,7 +93,7 @@ def test_vision_tokens_and_cost() -> None:
     assert hunyuan.vision_tokens(1024, 768) == 794  # 24 rows × (32 + 1) + 2
     assert hunyuan.vision_tokens(2048, 1536) == 48 * 65 + 2
     assert hunyuan.vision_tokens(1024, 768, 512 * 512, 2048 * 2048) == 794
-    settings = EngineSettings(max_new_tokens=300)
+    settings = HunyuanSettings(max_new_tokens=300)
     req = OcrRequest(key="k", image=Image.new("RGB", (1024, 768)), params={"max_new_tokens": 64})
     cost = hunyuan.cost(req, settings)
     assert cost.vision_tokens == 794 and cost.output_tokens == 64

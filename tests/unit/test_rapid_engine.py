@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
+from ocrq.engine_settings import RapidOcrSettings
 from ocrq.errors import BadImage, EngineCrashed, OcrqError
 from ocrq.results import OcrLine, OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import Engine, OcrRequest
 from worker.engines.rapid import RapidOcrEngine
 from worker.engines.reading_order import reading_order
@@ -37,7 +37,7 @@ def truncated_png() -> Image.Image:
 
 @pytest.fixture(scope="module")
 def engine() -> RapidOcrEngine:
-    eng = RapidOcrEngine(EngineSettings())
+    eng = RapidOcrEngine(RapidOcrSettings())
     eng.start()
     return eng
 
@@ -65,7 +65,7 @@ def test_identity(engine: RapidOcrEngine) -> None:
     rev = engine.revision
     assert rev.startswith("rapidocr-3.") and "det" in rev and "rec" in rev and "cls" in rev
     # tuning changes outputs, so it changes the cache key
-    other = RapidOcrEngine(EngineSettings(rapid_limit_side_len=1280))
+    other = RapidOcrEngine(RapidOcrSettings(rapid_limit_side_len=1280))
     assert other.revision != rev
 
 
@@ -156,7 +156,7 @@ def test_cost_grows_with_pixels(engine: RapidOcrEngine) -> None:
 
 
 def test_infer_before_start_and_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    eng = RapidOcrEngine(EngineSettings())
+    eng = RapidOcrEngine(RapidOcrSettings())
     with pytest.raises(EngineCrashed):
         eng.infer([OcrRequest(key="x", image=load("single_line.png"))])
 

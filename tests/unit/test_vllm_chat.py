@@ -10,8 +10,8 @@ import json
 import pytest
 from PIL import Image
 
+from ocrq.engine_settings import VllmServerSettings
 from ocrq.errors import BadRequest
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 from worker.engines.vllm.chat import encode_body, request_body
@@ -20,7 +20,7 @@ from worker.engines.vllm.chat import encode_body, request_body
 def _body(transport: str, prompt: str = "Extract the text. «ünïcode» \"quoted\" \\ back") -> dict:
     image = Image.new("RGB", (40, 24), (10, 200, 30))
     image.putpixel((3, 5), (255, 0, 0))
-    settings = EngineSettings(kind="vllm-server", image_transport=transport)  # type: ignore[arg-type]
+    settings = VllmServerSettings(kind="vllm-server", image_transport=transport)  # type: ignore[arg-type]
     version = hunyuan.version_of(settings)
     return request_body(OcrRequest(key="k", image=image, params={"prompt": prompt}), model="m",
                         version=version, sampling=hunyuan.SAMPLING[version], settings=settings)

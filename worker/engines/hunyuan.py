@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ocrq.engine_settings import HunyuanSettings
 from ocrq.prompts import Version, prompt
 from ocrq.results import OcrLine, OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import ImageCost, OcrRequest
 from worker.memory.costs import hunyuan_vision_tokens
 
@@ -39,7 +39,7 @@ SAMPLING: dict[Version, Sampling] = {
 }
 
 
-def version_of(settings: EngineSettings) -> Version:
+def version_of(settings: HunyuanSettings) -> Version:
     v = str(settings.extra.get("hunyuan_version", "1.5"))
     if v == "1.0":
         return "1.0"
@@ -217,7 +217,7 @@ def prompt_tokens(task: str, params: Mapping[str, Any] | None = None, version: V
     return _TEMPLATE_TOKENS + cjk + math.ceil(max(other, 0) / 3)
 
 
-def cost(request: OcrRequest, settings: EngineSettings) -> ImageCost:
+def cost(request: OcrRequest, settings: HunyuanSettings) -> ImageCost:
     width, height = request.image.size
     max_new = int(request.params.get("max_new_tokens", settings.max_new_tokens))
     return ImageCost(
@@ -271,7 +271,7 @@ def load_processor(
 
 
 def build_output(
-    request: OcrRequest, text: str, *, engine: str, revision: str, settings: EngineSettings,
+    request: OcrRequest, text: str, *, engine: str, revision: str, settings: HunyuanSettings,
     meta: dict[str, Any],
 ) -> OcrOutput:
     """An engine answer as ``OcrOutput`` (spotting → pixel boxes, extract → parsed JSON), with the

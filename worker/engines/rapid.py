@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ocrq.engine_settings import RapidOcrSettings
 from ocrq.errors import BadImage, EngineCrashed, EngineOOM, OcrqError, classify
 from ocrq.results import OcrLine, OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.reading_order import reading_order
 
@@ -40,7 +40,7 @@ class RapidOcrEngine:
 
     name = "rapidocr"
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: RapidOcrSettings) -> None:
         self._settings = settings
         self._ocr: Any = None
         self._revision: str | None = None

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ocrq.engine_settings import SimulatedSettings
 from ocrq.errors import BadImage, EngineOOM, OcrqError
 from ocrq.results import OcrLine, OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.memory.costs import MAX_PIXELS, MIN_PIXELS, ModelProfile, hunyuan_vision_tokens
 
@@ -94,7 +94,7 @@ class SimulatedEngine:
         self._preemptions = 0
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings) -> SimulatedEngine:
+    def from_settings(cls, settings: SimulatedSettings) -> SimulatedEngine:
         """HunyuanOCR-like defaults on a 24 GiB device; ``settings.extra`` overrides any
         constructor argument (e.g. ``{"capacity_bytes": 80e9, "transient_ooms": 2}``)."""
         kwargs: dict[str, Any] = {

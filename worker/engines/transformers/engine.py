@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ocrq.engine_settings import TransformersSettings
 from ocrq.errors import BadRequest, EngineCrashed, EngineOOM, OcrqError, classify
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.weights import weights_revision
@@ -52,7 +52,7 @@ class _Row:
 class TransformersEngine:
     name = "transformers"
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: TransformersSettings) -> None:
         if settings.model_dir is None:
             raise ValueError("the transformers engine needs engine.model_dir")
         self.settings = settings

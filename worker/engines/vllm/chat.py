@@ -18,8 +18,8 @@ from typing import Any
 
 import pybase64
 
+from ocrq.engine_settings import VllmServerSettings
 from ocrq.errors import BadRequest, EngineCrashed
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import OcrRequest
 from worker.engines.vllm.answers import cut_repetition, image_messages
@@ -32,7 +32,7 @@ _TOKEN_ID = re.compile(r"token_id:(-?\d+)")
 
 
 def request_body(request: OcrRequest, *, model: str | None, version: hunyuan.Version,
-                 sampling: hunyuan.Sampling, settings: EngineSettings) -> dict[str, Any]:
+                 sampling: hunyuan.Sampling, settings: VllmServerSettings) -> dict[str, Any]:
     s = sampling
     image = request.image if request.image.mode == "RGB" else request.image.convert("RGB")
     buf = io.BytesIO()

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ocrq.engine_settings import VllmSettings
 from ocrq.errors import EngineCrashed, EngineOOM, OcrqError, is_oom
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
@@ -57,7 +57,7 @@ class VllmEngine:
     #: render one page while the engine core builds (False: the herd test's unfixed engine)
     warm_renderer = True
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: VllmSettings) -> None:
         if settings.model_dir is None:
             raise ValueError("the vllm engine needs engine.model_dir")
         self.settings = settings

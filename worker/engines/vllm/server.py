@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
+from ocrq.engine_settings import VllmServerSettings
 from ocrq.errors import BadRequest, EngineCrashed, EngineTimeout, EngineUnavailable, OcrqError
 from ocrq.results import OcrOutput
-from ocrq.settings import EngineSettings
 from worker.engines import hunyuan
 from worker.engines.base import ImageCost, MemorySample, OcrRequest
 from worker.engines.hunyuan import build_output
@@ -84,7 +84,7 @@ class VllmServerEngine:
 
     name = "vllm-server"
 
-    def __init__(self, settings: EngineSettings, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, settings: VllmServerSettings, transport: httpx.BaseTransport | None = None) -> None:
         if not settings.endpoints:
             raise ValueError("the vllm-server engine needs at least one endpoint")
         self.settings = settings
