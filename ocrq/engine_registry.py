@@ -11,7 +11,10 @@ never imports torch or vLLM; the producer imports no worker code).
 
 from __future__ import annotations
 
+import json
 import logging
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -115,4 +118,24 @@ def engine_settings(data: Mapping[str, Any] | None = None, /, **values: Any) -> 
         log.warning("deprecated: engine.%s %s not read by the %s engine (engine.kind): ignored; remove %s",
                     ", engine.".join(foreign), "is" if len(foreign) == 1 else "are", kind,
                     "it" if len(foreign) == 1 else "them")
-    return cls.model_validate({k: v for k, v in raw.items() if k not in foreign})
+    kept = {k: _from_json(v, cls.model_fields[k].annotation) if k in cls.model_fields else v
+            for k, v in raw.items() if k not in foreign}
+    return cls.model_validate(kept)
+
+
+def _from_json(value: Any, annotation: Any) -> Any:
+    """A list or mapping setting given as text (an ``OCRQ_ENGINE__*`` variable: the environment
+    source decodes JSON only for the fields of the base class it sees), decoded."""
+    if not isinstance(value, str) or not _takes_json(annotation):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value  # the setting's own error says what it must be
+
+
+def _takes_json(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation) or annotation
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_json(a) for a in typing.get_args(annotation))
+    return origin in (list, dict, set, tuple, frozenset) or origin is Mapping

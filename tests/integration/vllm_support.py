@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from ocrq.engine_registry import engine_settings as make_engine_settings
 from ocrq.engine_settings import EngineSettings
-from ocrq.engine_settings import engine_settings as make_engine_settings
 from worker.engines.base import OcrRequest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -99,3 +99,22 @@ def test_every_row_names_a_class_that_exists():
             assert callable(reduce(getattr, attribute.split("."), importlib.import_module(module)))
         else:
             assert f"class {attribute.split('.')[0]}" in open(spec.origin, encoding="utf-8").read()
+
+
+def test_an_engine_setting_from_the_environment_is_read_as_its_class_types_it(monkeypatch):
+    # a list of the vllm-server engine's class, set as JSON, as a deployment sets it
+    monkeypatch.setenv("OCRQ_ENGINE__KIND", "vllm-server")
+    monkeypatch.setenv("OCRQ_ENGINE__ENDPOINTS", '["http://a:8000/v1", "http://b:8000/v1"]')
+    monkeypatch.setenv("OCRQ_ENGINE__MAX_NUM_SEQS", "16")
+    engine = Settings().engine
+    assert type(engine).__name__ == "VllmServerSettings"
+    assert engine.endpoints == ["http://a:8000/v1", "http://b:8000/v1"] and engine.max_num_seqs == 16  # type: ignore[attr-defined]
+
+
+def test_a_key_of_another_engine_is_dropped_with_a_deprecation_note(caplog):
+    with caplog.at_level(logging.WARNING, logger="ocrq.settings"):
+        settings = Settings(engine={"kind": "rapidocr", "max_num_seqs": 8, "endpoints": ["x"]})
+    assert "deprecated: engine.endpoints, engine.max_num_seqs are not read by the rapidocr engine" in caplog.text
+    assert "max_num_seqs" not in settings.model_dump()["engine"]
+    with pytest.raises(Exception, match="max_num_seq"):  # a key no engine has: an unknown setting
+        Settings(engine={"kind": "rapidocr", "max_num_seq": 8})
