@@ -11,10 +11,7 @@ never imports torch or vLLM; the producer imports no worker code).
 
 from __future__ import annotations
 
-import json
 import logging
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,6 +28,7 @@ from ocrq.engine_settings import (
     VllmServerSettings,
     VllmSettings,
 )
+from ocrq.setting_json import decoded
 
 #: where an engine computes: "cpu" (this host's CPU, whatever GPU it has), "gpu" (the GPU a worker
 #: is given), "remote" (a server's: the worker itself needs no GPU)
@@ -113,29 +111,13 @@ def engine_settings(data: Mapping[str, Any] | None = None, /, **values: Any) -> 
         error = PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
         raise ValidationError.from_exception_data("EngineSettings", [{"type": error, "loc": ("kind",), "input": kind}])
     cls = settings_class(kind)
-    foreign = sorted(k for k in raw if k not in cls.model_fields and k in all_engine_fields())
+    every = all_engine_fields()
+    foreign = sorted(k for k in raw if k not in cls.model_fields and k in every)
     if foreign:
         log.warning("deprecated: engine.%s %s not read by the %s engine (engine.kind): ignored; remove %s",
                     ", engine.".join(foreign), "is" if len(foreign) == 1 else "are", kind,
                     "it" if len(foreign) == 1 else "them")
-    kept = {k: _from_json(v, cls.model_fields[k].annotation) if k in cls.model_fields else v
+    # the environment's JSON for this class's lists and mappings (ocrq.setting_json)
+    kept = {k: decoded(v, cls.model_fields[k].annotation) if k in cls.model_fields else v
             for k, v in raw.items() if k not in foreign}
     return cls.model_validate(kept)
-
-
-def _from_json(value: Any, annotation: Any) -> Any:
-    """A list or mapping setting given as text (an ``OCRQ_ENGINE__*`` variable: the environment
-    source decodes JSON only for the fields of the base class it sees), decoded."""
-    if not isinstance(value, str) or not _takes_json(annotation):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value  # the setting's own error says what it must be
-
-
-def _takes_json(annotation: Any) -> bool:
-    origin = typing.get_origin(annotation) or annotation
-    if origin in (typing.Union, types.UnionType):
-        return any(_takes_json(a) for a in typing.get_args(annotation))
-    return origin in (list, dict, set, tuple, frozenset) or origin is Mapping

@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from ocrq.engine_registry import all_engine_fields
 from ocrq.engine_settings import EngineSettings
+from ocrq.setting_json import json_kind
 
 PREFIX = "OCRQ_"
 NESTED = "__"
@@ -60,18 +61,6 @@ def _section(annotation: Any) -> type[BaseModel] | None:
             found = _section(arg)
             if found is not None:
                 return found
-    return None
-
-
-def _complex(annotation: Any) -> str | None:
-    """"a list" / "a mapping" for a field the environment sets as JSON, else None."""
-    origin = typing.get_origin(annotation) or annotation
-    if origin in (typing.Union, types.UnionType):
-        return next((c for a in typing.get_args(annotation) if (c := _complex(a))), None)
-    if origin in (list, set, tuple, frozenset):
-        return "a list"
-    if origin in (dict, Mapping):
-        return "a mapping"
     return None
 
 
@@ -149,7 +138,7 @@ def unparsable_variables(environ: Mapping[str, str], model: type[BaseModel]) -> 
     lines = []
     for path, field in _fields(model):
         name = env_name(path)
-        kind = _complex(field.annotation)
+        kind = json_kind(field.annotation)
         if kind is None or name not in env:
             continue
         value = environ[env[name]]

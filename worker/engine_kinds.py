@@ -17,7 +17,11 @@ from worker.engines.base import Engine
 
 def build_engine(settings: EngineSettings) -> Engine:
     """The engine of ``settings.kind``, made by its row's factory from ``settings``."""
-    module, _, attribute = engine_kind(settings.kind).factory.partition(":")
-    factory: Any = reduce(getattr, attribute.split("."), importlib.import_module(module))
-    engine: Engine = factory(settings)
+    engine: Engine = factory_of(settings.kind)(settings)
     return engine
+
+
+def factory_of(kind: str) -> Any:
+    """The callable ``kind``'s row names (imports its module: torch or vLLM for a GPU engine)."""
+    module, _, attribute = engine_kind(kind).factory.partition(":")
+    return reduce(getattr, attribute.split("."), importlib.import_module(module))

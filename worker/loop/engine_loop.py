@@ -83,6 +83,9 @@ class EngineLoop(OomRecovery):
         self._inflight: list[QueuedImage] = []
         #: micro-batches the engine may run at once (1: one batch drains before the next starts)
         self._slots = max(1, int(engine.concurrent_batches or 1)) if isinstance(engine, ConcurrentBatches) else 1
+        # the engine's capabilities, looked up once (a protocol check reads every member)
+        self._renders: RendersAhead | None = engine if isinstance(engine, RendersAhead) else None
+        self._reports: ReportsStats | None = engine if isinstance(engine, ReportsStats) else None
         governor.slots = self._slots
         self._running = 0
         self._time = EngineTime()
@@ -153,9 +156,9 @@ class EngineLoop(OomRecovery):
             # most urgent first, arrival order within a priority (a stable sort, linear when sorted)
             self._pending.sort(key=lambda it: it.request.priority)
             self._cond.notify_all()
-        if isinstance(self.engine, RendersAhead) and items:  # CPU-side work ahead of the batch (vLLM: rendering)
+        if self._renders is not None and items:  # CPU-side work ahead of the batch (vLLM: rendering)
             try:
-                self.engine.prepare([it.request for it in items])
+                self._renders.prepare([it.request for it in items])
             except Exception:  # advisory: the batch prepares what is missing itself
                 self.log.debug("engine.prepare() failed", exc_info=True)
         return futures
@@ -192,9 +195,9 @@ class EngineLoop(OomRecovery):
         if self._paged:  # vLLM's own gauges: what admission control steers by
             sample = self._memory()
             loop.update(kv_usage=sample.kv_usage, waiting=sample.waiting, preemptions=sample.preemptions)
-        if isinstance(self.engine, ReportsStats):
+        if self._reports is not None:
             try:
-                loop["engine"] = dict(self.engine.stats())
+                loop["engine"] = dict(self._reports.stats())
             except Exception:
                 self.log.debug("engine.stats() failed", exc_info=True)
         return {**self.governor.state(), "token_capacity": self.governor.token_capacity, **loop}
@@ -329,8 +332,8 @@ class EngineLoop(OomRecovery):
         if self._running == 0:
             self._time.started()
         self._running += 1
-        if cancelled and isinstance(self.engine, RendersAhead):
-            self.engine.discard(cancelled)
+        if cancelled and self._renders is not None:
+            self._renders.discard(cancelled)
         return batch
 
     def _free_bytes(self) -> int | None:

@@ -8,29 +8,24 @@
 local at = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if at ~= tonumber(ARGV[2]) then return -1 end
 local n = tonumber(ARGV[5])
-if redis.call('HEXISTS', KEYS[5], 'cancelled') == 1 then
-  local x = 0
-  for i = 6, 5 + n do
-    local v = redis.call('HGET', KEYS[2], ARGV[i])
-    if v and string.sub(v, 1, 1) == 'q' then
-      redis.call('HSET', KEYS[2], ARGV[i], 'x')
-      x = x + 1
-    end
-  end
-  if x > 0 then
-    redis.call('HINCRBY', KEYS[3], 'queued', -x)
-    redis.call('HINCRBY', KEYS[3], 'cancelled', x)
-  end
-  redis.call('HSET', KEYS[1], ARGV[1], at + 1)
-  return 0
-end
+-- a queued image of the shard becomes published ("p"), or cancelled ("x") when its job is
+local cancelled = redis.call('HEXISTS', KEYS[5], 'cancelled') == 1
+local mark = cancelled and 'x' or 'p'
 local marked = 0
 for i = 6, 5 + n do
   local v = redis.call('HGET', KEYS[2], ARGV[i])
   if v and string.sub(v, 1, 1) == 'q' then
-    redis.call('HSET', KEYS[2], ARGV[i], 'p')
+    redis.call('HSET', KEYS[2], ARGV[i], mark)
     marked = marked + 1
   end
+end
+if cancelled then
+  if marked > 0 then
+    redis.call('HINCRBY', KEYS[3], 'queued', -marked)
+    redis.call('HINCRBY', KEYS[3], 'cancelled', marked)
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], at + 1)
+  return 0
 end
 for i = 6 + n, #ARGV, 3 do
   local ring = KEYS[tonumber(ARGV[i + 1])]
