@@ -80,18 +80,20 @@ gpu_ride() {  # .gpu/ride/{1,2,3}/whl.tar.NofM: .whl/ split to fit beside vLLM's
 }
 
 gpu_stash() {  # on the GPU host: keep whatever piece of .whl/ came with this command
-  mkdir -p /tmp/ride
-  cp -n .gpu/ride/*/whl.tar.* /tmp/ride/ 2>/dev/null
-  cp .gpu/ride/*/SUMS /tmp/ride/ 2>/dev/null
-  echo "[ride] pieces here: $(ls /tmp/ride | grep -c whl.tar) of 3"
+  local RIDE=${RIDE:-/tmp/ride}  # outside the tree: a command's copy of it does not outlive the command
+  mkdir -p $RIDE
+  cp -n .gpu/ride/*/whl.tar.* $RIDE/ 2>/dev/null
+  cp .gpu/ride/*/SUMS $RIDE/ 2>/dev/null
+  echo "[ride] pieces here: $(ls $RIDE | grep -c whl.tar) of 3"
 }
 
 gpu_unride() {  # .whl/ from the three pieces, when .whl/ itself did not travel
+  local RIDE=${RIDE:-/tmp/ride}
   ls .whl/*.whl >/dev/null 2>&1 && return 0
-  [ -f /tmp/ride/SUMS ] || return 0
-  (cd /tmp/ride && sed 's#  [0-9]/#  #' SUMS | sha256sum -c --quiet -) \
+  [ -f $RIDE/SUMS ] || { echo "[ride] no .whl/ here and no pieces of it in $RIDE: carry .whl/ or the three part commands" >&2; return 3; }
+  (cd $RIDE && sed 's#  [0-9]/#  #' SUMS | sha256sum -c --quiet -) \
     || { echo "[ride] a piece of .whl/ is missing or damaged: carry its part's command again" >&2; return 3; }
-  cat /tmp/ride/whl.tar.1of3 /tmp/ride/whl.tar.2of3 /tmp/ride/whl.tar.3of3 | tar -xf - || return 3
+  cat $RIDE/whl.tar.1of3 $RIDE/whl.tar.2of3 $RIDE/whl.tar.3of3 | tar -xf - || return 3
 }
 
 gpu_install() {  # on the GPU host; $OUT (default /tmp/ocrq-out) gets install.log
