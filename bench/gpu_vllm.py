@@ -299,7 +299,8 @@ def worker(args: argparse.Namespace) -> None:
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
-    extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate}
+    extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate,
+                             "kv_gate_overcommit": args.kv_overcommit}
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(store),
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(args.work)]), "OCRQ_ENGINE__MODEL_DIR": str(model),
            "OCRQ_ENGINE__KIND": "vllm-server" if args.server else "vllm",
@@ -325,7 +326,7 @@ def worker(args: argparse.Namespace) -> None:
                            "batch_mode": args.batch_mode, "batch_size": args.batch_size,
                            "vision_group_patches": args.vision_group_patches,
                            "vision_cuda_graphs": args.vision_cuda_graphs, "kv_gate": not args.no_kv_gate,
-                           "jobs": []}
+                           "kv_gate_overcommit": args.kv_overcommit, "jobs": []}
     try:
         if args.server:
             from worker.engines.vllm.launcher import api_servers, launch_server
@@ -429,6 +430,8 @@ def main() -> None:
                    help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
     w.add_argument("--no-kv-gate", action="store_true",
                    help="engine.extra.kv_gate false: requests go to vLLM's scheduler as their batch starts")
+    w.add_argument("--kv-overcommit", type=float, default=1.0,
+                   help="engine.extra.kv_gate_overcommit: the gate plans with this many times vLLM's KV blocks")
     w.add_argument("--vision-cuda-graphs", action="store_true",
                    help="engine.vision_cuda_graphs: the vision tower replayed as CUDA graphs, a page per graph")
     r = sub.add_parser("report")

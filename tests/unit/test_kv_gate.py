@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from worker.engines.vllm.kv_gate import TIGHTEN_FLOOR, KvGate, Seq
+from worker.engines.vllm.kv_gate import TIGHTEN_FLOOR, KvGate, Seq, check_overcommit
 from worker.engines.vllm.stepper import Gen, Stepper
 
 BLOCK = 16
@@ -70,6 +70,24 @@ def test_tightening_plans_with_less_but_never_below_the_floor() -> None:
     assert gate.capacity == int(1000 * BLOCK * TIGHTEN_FLOOR)
     with pytest.raises(ValueError):
         KvGate(1, BLOCK)
+
+
+def test_overcommit_plans_with_more_tokens_and_takes_preemptions_without_tightening() -> None:
+    gate = KvGate(1001, BLOCK, overcommit=1.25)
+    assert gate.capacity == int(1000 * BLOCK * 1.25)
+    gate.observe(0, expected=False)
+    gate.observe(3, expected=False)
+    assert gate.capacity == int(1000 * BLOCK * 1.25) and gate.tightened == 0
+    exact = KvGate(1001, BLOCK)
+    exact.observe(0, expected=False)
+    exact.observe(3, expected=False)
+    assert exact.tightened == 1
+
+
+@pytest.mark.parametrize("bad", [0.9, 2.5, "1.2", True, None])
+def test_an_overcommit_outside_1_to_2_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="kv_gate_overcommit"):
+        check_overcommit(bad)
 
 
 # --- the stepper behind the gate, on a fake engine ---------------------------------------------
@@ -189,6 +207,18 @@ def test_behind_the_gate_vllm_never_preempts_and_runs_near_what_its_blocks_hold(
     # as many pages as the blocks hold at their largest size, less the ramp, the tail and the lag
     mean_largest = sum(p + 64 + BLOCK for batch in batches for p, _, _ in batch) / 192
     assert gated.running_sum / gated.steps > 0.85 * 40_000 / mean_largest
+
+
+def test_an_overcommitted_gate_runs_more_pages_a_step_and_lets_vllm_preempt() -> None:
+    rng = random.Random(3)
+    batches = [_pages(16, rng) for _ in range(12)]
+    exact = FakePagedEngine(blocks=1 + 40_000 // BLOCK)
+    _run_batches(exact, KvGate(exact.blocks, BLOCK), batches)
+    over = FakePagedEngine(blocks=exact.blocks)
+    results = _run_batches(over, KvGate(over.blocks, BLOCK, overcommit=1.5), batches)
+    assert all(g.finish == "length" and g.generated == 64 for gens in results for g in gens.values())
+    assert over.running_sum / over.steps > exact.running_sum / exact.steps
+    assert exact.preemptions == 0 and over.preemptions > 0
 
 
 def test_an_urgent_request_passes_bulk_that_vllm_can_preempt() -> None:

@@ -115,7 +115,8 @@ class Stepper:
             "steps": steps, "step_s": round(self._step_s, 2),
             "mean_live": round(self._live_sum / steps, 1) if steps else 0}
         if self.gate is not None:
-            out.update(gate_tokens=self.gate.capacity, gate_tightened=self.gate.tightened,
+            out.update(gate_tokens=self.gate.capacity, gate_overcommit=self.gate.overcommit,
+                       gate_tightened=self.gate.tightened,
                        held=len(self._held), mean_held=round(self._held_sum / steps, 1) if steps else 0,
                        held_steps=self._held_steps)
         return out
