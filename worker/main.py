@@ -61,7 +61,7 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         startup.mark("celery")
         # the engine is ready before the consumer takes its first message
         # (the worker's node name, as Celery expanded it: what its records name)
-        ctx = holder["ctx"] = build_context(settings, queues, startup, getattr(sender, "hostname", None))
+        ctx = holder["ctx"] = _context_or_exit(settings, queues, startup, getattr(sender, "hostname", None))
         start_services(app, ctx, startup, hostname)
 
     @signals.worker_ready.connect(weak=False)
@@ -82,6 +82,17 @@ def run_worker(settings: Settings, *, queues: list[str] | None = None, hostname:
         "worker", "--pool=threads", f"--concurrency={conc}", "-Q", ",".join(queues or [settings.queue.name]),
         "-n", name, "-E", f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle",
     ])
+
+
+def _context_or_exit(settings: Settings, queues: list[str] | None, startup: StartupClock,
+                     node: str | None) -> WorkerContext:
+    """The worker's context, or exit 1 with the reason: Celery logs what a start signal's handler
+    raises and consumes anyway, and a worker without its engine would say "ready" and fail every task."""
+    try:
+        return build_context(settings, queues, startup, node)
+    except Exception as exc:
+        log.critical("worker cannot start: %s", exc, exc_info=True)
+        raise SystemExit(1) from exc
 
 
 def start_services(app: Celery, ctx: WorkerContext, startup: StartupClock, hostname: str | None) -> None:
