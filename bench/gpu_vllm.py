@@ -299,6 +299,8 @@ def worker(args: argparse.Namespace) -> None:
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
+    if args.kv_overcommit != 1.0 and (args.server or args.no_kv_gate):
+        raise SystemExit("--kv-overcommit is the in-process KV gate's: not with --server or --no-kv-gate")
     extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate,
                              "kv_gate_overcommit": args.kv_overcommit}
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(store),
