@@ -299,8 +299,6 @@ def worker(args: argparse.Namespace) -> None:
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
-    if args.kv_overcommit != 1.0 and (args.server or args.no_kv_gate):
-        raise SystemExit("--kv-overcommit is the in-process KV gate's: not with --server or --no-kv-gate")
     extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate,
                              "kv_gate_overcommit": args.kv_overcommit}
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(store),
@@ -441,6 +439,8 @@ def main() -> None:
     r.add_argument("--transformers", type=Path, default=None, help="bench.gpu_worker JSON (its warm job)")
     r.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = ap.parse_args()
+    if args.cmd == "worker" and args.kv_overcommit != 1.0 and (args.server or args.no_kv_gate):
+        ap.error("--kv-overcommit is the in-process KV gate's: not with --server or --no-kv-gate")
     if args.cmd == "report":
         from bench.gpu_vllm_report import report
 
