@@ -25,6 +25,7 @@ from ocrq.jobs.failed import registered
 from ocrq.results import json_line
 from producer.errors import Conflict, UnknownJob
 from producer.intake import Uploaded
+from producer.name_filter import NameFilter
 from producer.progress import job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -89,7 +90,8 @@ def _create(who: Caller, spec: JobCreate, manifest: Uploaded | None, digest: str
         if webhook:
             check_url(svc.settings, webhook)
         refs = [] if manifest is not None else spec.refs
-        plan = svc.client.plan(refs, limits=tenant.limits(svc.settings.limits), uploaded=manifest)
+        plan = svc.client.plan(refs, limits=tenant.limits(svc.settings.limits), uploaded=manifest,
+                               match=NameFilter.of(spec.match))
         try:
             svc.check_in_flight(tenant, plan.accepted)
         except Exception:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ocrq.messages import TASKS
 from ocrq.names import JOB_PATTERN
+from producer.name_filter import MAX_PATTERNS, NameFilter
 
 State = Literal["queued", "running", "finalizing", "succeeded", "partial", "failed", "cancelling", "cancelled"]
 Task = Literal[TASKS]  # type: ignore[valid-type]
@@ -30,6 +31,16 @@ class JobCreate(BaseModel):
     webhook_url: str | None = Field(default=None, max_length=2048)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
     parquet: bool = False
+    match: list[str] = Field(default_factory=list, max_length=MAX_PATTERNS,
+                             description="shell patterns on a file's name (any case; any one is enough): which "
+                                         "files found in folders and s3:// prefixes to take, the rest counted as "
+                                         "skipped; files named on their own are always taken")
+
+    @field_validator("match")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        NameFilter.of(value)  # a ValueError says what is wrong: a 422 naming the field
+        return value
 
 
 class Counts(BaseModel):

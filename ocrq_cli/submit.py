@@ -27,6 +27,7 @@ from ocrq_cli.common import (
 )
 from ocrq_cli.progress import follow
 from producer.errors import InputUnreadable, SubmissionRefused
+from producer.name_filter import NameFilter
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -57,8 +58,12 @@ def submit(
                                    "worker finished (the recovery after Redis lost data)"),
     openai_batch: str | None = typer.Option(None, "--openai-batch", help="an OpenAI Batch input file (path, "
                                             "s3:// key or URL), one image per line; --out is then a directory"),
+    match: list[str] = typer.Option([], "--match", "-m", help="of the files found in folders and s3:// prefixes, "
+                                    "take those whose name matches (shell pattern, any case; repeat for more: "
+                                    "-m '*.png' -m '*.jpg'); the rest are skipped"),
 ) -> None:
     """Submit image references as job JOB (exit codes: `ocrq --help`)."""
+    names = _name_filter(match, openai_batch)
     if openai_batch is not None or not refs:  # (ocrq_cli.openai_batch)
         from ocrq_cli import openai_batch as batch
 
@@ -73,7 +78,7 @@ def submit(
     client.check_supported(task, params, settings.queue.name)  # before any file is listed
     t0 = time.monotonic()
     try:
-        plan = client.plan(refs)
+        plan = client.plan(refs, match=names)
     except (OcrqError, ValueError) as exc:  # a container we cannot read: refused, nothing published
         raise InputUnreadable(f"{type(exc).__name__}: {exc}") from exc
     _print_plan(job, plan)
@@ -116,6 +121,17 @@ def _submit_progress(total: int) -> Iterator[Callable[[str, int, int], None] | N
             bar.update(tasks[phase], completed=done)
 
         yield show
+
+
+def _name_filter(match: list[str], openai_batch: str | None) -> NameFilter:
+    """``--match`` as a filter, or the usage error (exit 2) that says why not."""
+    if match and openai_batch is not None:
+        raise typer.BadParameter("an OpenAI Batch file names each image: there is no folder to filter",
+                                 param_hint="--match")
+    try:
+        return NameFilter.of(match)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--match") from exc
 
 
 def _print_plan(job: str, plan: Any, shown: int = 20) -> None:

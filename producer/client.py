@@ -54,6 +54,7 @@ from producer.errors import (
 )
 from producer.intake import IntakePlan, Uploaded, plan_intake
 from producer.job import Job
+from producer.name_filter import NameFilter
 
 __all__ = ["BrokerFull", "Client", "SubmissionRefused", "UnknownJob"]
 
@@ -141,19 +142,20 @@ class Client:
             raise unreachable(self.settings.redis.url, exc) from exc
 
     def plan(self, refs: Iterable[str], limits: LimitSettings | None = None,
-             uploaded: Uploaded | None = None) -> IntakePlan:
+             uploaded: Uploaded | None = None, match: NameFilter = NameFilter()) -> IntakePlan:
         """Expand and check the refs without publishing anything (``IntakePlan.summary()``).
 
         The producer's roots are ``limits.allowed_roots``; when those are not set, the roots the
         live workers report, else the current directory. Local refs must also lie inside a live
         worker's roots, so the producer never publishes what every worker would refuse.
         ``limits``: other rules than the settings' (a tenant's, through the API); ``uploaded``: a
-        manifest the caller sent (``producer.intake.Uploaded``)."""
+        manifest the caller sent (``producer.intake.Uploaded``); ``match``: which files found in
+        folders and prefixes to take (``producer.name_filter``)."""
         limits = limits if limits is not None else self.settings.limits
         workers = self.worker_roots()
         if not limits.allowed_roots and workers:
             limits = limits.model_copy(update={"allowed_roots": workers})
-        return plan_intake(refs, limits, s3_client=self.s3, worker_roots=workers, uploaded=uploaded)
+        return plan_intake(refs, limits, s3_client=self.s3, worker_roots=workers, uploaded=uploaded, match=match)
 
     def submit(self, refs: Iterable[str] | IntakePlan, *, job: str, task: str = "text",
                params: dict[str, Any] | None = None, priority: int | None = None,

@@ -8,6 +8,8 @@
 * ``s3://bucket/prefix/`` (trailing slash, or the bare bucket): every object under it (paginated),
   with the same rule for hidden path components and manifests; "folder" marker keys ending in
   ``/`` are not objects.
+  Files found by either walk are marked ``found``: ``--match`` may skip them at intake
+  (``producer.name_filter``); a file named on its own is not filtered.
 * a manifest (``.jsonl`` or ``.csv``, local or on S3), streamed line by line (formats:
   ``producer.manifests``). A row's other fields (``id``, ``metadata``, any column) travel with its
   ref into the result, unchanged. Relative entries resolve against the manifest's own directory
@@ -60,6 +62,8 @@ class Entry:
     row: dict[str, Any] | None = None
     #: a ref as it was named when that differs from ``value`` (a symlink, a relative path)
     source: str = ""
+    #: found by listing a folder or an S3 prefix, not named (``--match`` filters only these)
+    found: bool = False
 
 
 def expand_entries(inputs: Iterable[str], limits: LimitSettings,
@@ -190,7 +194,7 @@ def _walk(top: Path, limits: LimitSettings, row: dict[str, Any] | None) -> Itera
                 seen.add(value)
                 stack.append((_entries(Path(entry.path)), value))
         else:
-            yield Entry("ref", value, row=row, source=source)
+            yield Entry("ref", value, row=row, source=source, found=True)
 
 
 def _entries(directory: Path) -> Iterator[os.DirEntry[str] | Entry]:
@@ -219,6 +223,6 @@ def _list_s3(s3: Any, bucket: str, prefix: str, row: dict[str, Any] | None) -> I
                 elif suffix(parts[-1]) in MANIFEST_EXTENSIONS:
                     yield Entry("skipped", value, "a manifest inside a prefix (pass it by name to expand it)")
                 else:
-                    yield Entry("ref", value, row=row)
+                    yield Entry("ref", value, row=row, found=True)
     except (ClientError, BotoCoreError, OSError) as exc:
         raise s3_error(exc, f"s3://{bucket}/{prefix}") from exc

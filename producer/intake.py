@@ -41,6 +41,7 @@ from ocrq.net.addresses import public_addresses
 from ocrq.redact import redact_message, shown_ref
 from ocrq.settings import LimitSettings
 from producer.expand import Entry, expand_entries, expand_uploaded
+from producer.name_filter import NameFilter
 
 #: skipped/refused entries kept for display (all are counted)
 SAMPLE = 200
@@ -134,8 +135,10 @@ class IntakePlan:
 
 
 def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | None = None,
-                worker_roots: Sequence[Path] | None = None, uploaded: Uploaded | None = None) -> IntakePlan:
-    """``uploaded``: a manifest the caller sent (the API's), planned after ``inputs``."""
+                worker_roots: Sequence[Path] | None = None, uploaded: Uploaded | None = None,
+                match: NameFilter = NameFilter()) -> IntakePlan:
+    """``uploaded``: a manifest the caller sent (the API's), planned after ``inputs``; ``match``:
+    which files found in folders and prefixes are taken (``producer.name_filter``)."""
     plan = IntakePlan.new()
     seen: set[bytes] = set()
     named: dict[bytes, str] = {}
@@ -145,11 +148,8 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
         entries = expand_entries(inputs, limits, s3_client)
         if uploaded is not None:
             entries = chain(entries, expand_uploaded(uploaded.path, uploaded.csv, uploaded.name, limits, s3_client))
-        for entry in entries:
-            if entry.kind == "ref":
-                reason = _check(entry, limits, roots, hosts)
-                if reason is not None:
-                    entry = Entry("refused", entry.value, reason)
+        for found in entries:
+            entry = _judged(found, match, limits, roots, hosts)
             if entry.kind == "skipped":
                 plan.skipped += 1
                 if len(plan.skipped_sample) < SAMPLE:
@@ -180,6 +180,17 @@ def plan_intake(inputs: Iterable[str], limits: LimitSettings, s3_client: Any | N
         plan.close()
         raise
     return plan
+
+
+def _judged(entry: Entry, match: NameFilter, limits: LimitSettings, roots: list[Path],
+            hosts: dict[tuple[str, int], str | None]) -> Entry:
+    """A ref as found, or skipped by ``match`` or refused by the producer's checks."""
+    if entry.kind != "ref":
+        return entry
+    if entry.found and not match.takes(entry.source or entry.value):
+        return Entry("skipped", entry.source or entry.value, match.reason())
+    reason = _check(entry, limits, roots, hosts)
+    return entry if reason is None else Entry("refused", entry.value, reason)
 
 
 def sampled(entry: Entry) -> Entry:

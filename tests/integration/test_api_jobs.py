@@ -103,6 +103,15 @@ def test_jobs_api_as_a_client_uses_it(redis_url, redis_client, start_worker, api
     assert [j["id"] for j in acme.get("/v1/jobs", params={"state": "succeeded"}).json()["data"]] == ["inv"]
     assert acme.get("/v1/jobs", params={"state": "running"}).json()["data"] == []
 
+    # match: of the files found in the folder, those whose name matches (any case); the rest skipped
+    only = acme.post("/v1/jobs", json={"refs": [str(images)], "name": "some", "match": ["IMG_00?.PNG"]})
+    assert only.status_code == 201, only.text
+    final = _done(acme, "some")
+    assert final["state"] == "succeeded" and final["counts"]["done"] == 10, final
+    assert final["counts"]["skipped"] == 3 and final["counts"]["failed"] == 0, final
+    bad = acme.post("/v1/jobs", json={"refs": [str(images)], "match": ["scans/*.png"]})
+    assert bad.status_code == 422 and "not its path" in bad.text, bad.text
+
     # Idempotency-Key: the same key and body give the same job; another body with it is 409
     body1 = {"refs": [str(images / "img_001.png")]}
     first = acme.post("/v1/jobs", json=body1, headers={"Idempotency-Key": "k-1"})

@@ -100,6 +100,13 @@ def test_a_folder_of_odd_files_is_all_accounted_for(redis_url, start_worker, tmp
     again = ocrq(["submit", str(src), "--job", "odd", "--wait"], env, elsewhere)
     assert "0 images submitted" in again.stderr and "already finished" in again.stderr, again.stderr
     assert "img/s" not in again.stderr
+    # --match takes the files found whose name matches, in any case; the rest are skipped, with why
+    some = ocrq(["submit", str(src), "--job", "some", "--match", "*.png", "-m", "*.JPG"], env, elsewhere)
+    assert some.returncode == 0, some.stderr
+    assert "4 accepted, 15 skipped, 0 refused" in some.stderr, some.stderr
+    assert f"skipped {src / 'notes.txt'}: its name matches none of *.png, *.jpg" in some.stderr, some.stderr
+    path_like = ocrq(["submit", str(src), "--job", "some2", "--match", "scans/*.png"], env, elsewhere)
+    assert path_like.returncode == 2 and "not its path" in path_like.stderr, path_like.stderr
     # A task the engines do not know, or a parameter without a value, is refused before anything
     for bad in (["--task", "bogus"], ["--param", "foo"]):
         refused = ocrq(["submit", str(src / "a.png"), "--job", "odd2", *bad], env, elsewhere)

@@ -12,6 +12,7 @@ from ocrq.errors import HostNotFound, StorageUnavailable
 from ocrq.net.addresses import public_addresses
 from ocrq.settings import LimitSettings
 from producer.intake import plan_intake
+from producer.name_filter import NameFilter
 
 
 @pytest.fixture()
@@ -40,6 +41,22 @@ def test_counts_add_up_and_accepted_refs_come_back_deduplicated(root: Path) -> N
     # the merged one is named, with the ref it became
     assert [(e.value, e.reason) for e in plan.merged_sample] == [
         (str(root / "a.png"), f"the same file as {root / 'a.png'}, submitted once")]
+    plan.close()
+
+
+def test_match_takes_files_found_by_name_and_skips_the_rest_with_why(root: Path) -> None:
+    for name in ("a.png", "sub/B.JPG", "a.txt", "sub/b.json", "notes.md"):
+        touch(root / name)
+    (root / "link.jpg").symlink_to(root / "a.txt")  # matched by the name it is listed under
+    limits = LimitSettings(allowed_roots=[root])
+    plan = plan_intake([str(root), str(root / "notes.md")], limits, match=NameFilter.of(["*.png", "*.jpg"]))
+    # a file named on its own is taken whatever its name: the caller chose it
+    assert sorted(ref for ref, _ in plan.entries()) == sorted(
+        [str(root / "a.png"), str(root / "sub/B.JPG"), str(root / "a.txt"), str(root / "notes.md")])
+    assert (plan.accepted, plan.skipped, plan.refused) == (4, 3, 0)
+    why = "its name matches none of *.png, *.jpg"
+    assert sorted((e.value, e.reason) for e in plan.skipped_sample) == sorted(
+        [(str(root / "a.txt"), why), (str(root / "sub/b.json"), why), (str(root / "notes.md"), why)])
     plan.close()
 
 
