@@ -263,8 +263,10 @@ def test_the_fleet_shows_workers_queues_by_priority_and_broker_memory(site):
     for shown in ("gpu0@h", "vllm", "GPU-0f3c", "70.0 GiB / 80.0 GiB", "20.0 GiB / 24.0 GiB", "12 (limit 32)",
                   "1,234", "14.2", "ocrq-gpu", "5</td>", "no limit"):
         assert shown in page, shown
-    for hidden in ("/secret/root", "private-store", "4242", "/home/ops"):
+    for hidden in ("/secret/root", "private-store", "/home/ops"):
         assert hidden not in page
+    # the pid, as a number of its own (the page's random tokens are hex: '…b24242…' is not it)
+    assert not re.search(r"(?<![0-9a-fA-F])4242(?![0-9a-fA-F])", page)
     live = client.get("/live/fleet").json()
     assert [q["key"] for q in live["queues"]] == ["ocrq:all", "ocrq-gpu:0", "ocrq-gpu:5", "ocrq-gpu:all"]
     assert live["queues"][-1]["messages"] == "5" and live["workers"][0]["engine"] == "vllm"
