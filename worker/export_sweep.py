@@ -35,6 +35,8 @@ log = logging.getLogger("ocrq.export_sweep")
 
 #: jobs read per round trip
 _PAGE = 1000
+#: what the warning says when a sweep asked for exports again (the chaos suite counts it)
+SWEEP_LOG = "export asked for again"
 
 
 class ExportSweep:
@@ -67,8 +69,7 @@ class ExportSweep:
             if request_export(self.redis, self.index, job, self._sender(job, queue), self.ttl):
                 asked.append(job)
         if asked:
-            log.warning("! export asked for again: %d finished job(s) without it: %s", len(asked),
-                        ", ".join(asked[:20]))
+            log.warning("! %s: %d finished job(s) without it: %s", SWEEP_LOG, len(asked), ", ".join(asked[:20]))
         return asked
 
     def _sender(self, job: str, queue: str) -> Callable[[str], None]:

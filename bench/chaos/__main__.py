@@ -67,6 +67,7 @@ from ocrq import keys
 from ocrq.settings import Settings
 from producer.client import Client
 from tests.fixtures.images import word_images
+from worker.export_sweep import SWEEP_LOG
 from worker.loop.oom import OOM_LOG
 
 
@@ -102,6 +103,11 @@ def worker_env(env: Env, sim: dict[str, Any], extra: dict[str, str] | None = Non
            "OCRQ_BATCH__MODE": "auto", "OCRQ_QUEUE__CHUNK_SIZE": "16", "OCRQ_LOG_LEVEL": "WARNING"}
     if env.quick:
         out.update({"OCRQ_REDIS__DEAD_WORKER_S": "6", "OCRQ_REDIS__REAPER_INTERVAL_S": "2"})
+    # a finish message lost with a killed worker (killed between the job's `finishing` flag and
+    # the publish, or between the broker's pop and its unacked entry) is asked for again once the
+    # request is `export_stale_s` old: 900 s by default, past any wait here, so shorter
+    out.update({"OCRQ_REDIS__EXPORT_SWEEP_S": "5" if env.quick else "10",
+                "OCRQ_REDIS__EXPORT_STALE_S": "30" if env.quick else "60"})
     out.pop("OCRQ_CONFIG", None)
     out.update(extra or {})
     return out
@@ -310,6 +316,9 @@ def run_scenario(env: Env, name: str, n: int, sim: dict[str, Any], fault: Fault,
         notes.append(f"queue and unacked drained {drained:.0f}s after the faults stopped")
     time.sleep(2.0)  # the last acks land, and workers publish their state once more
     outcome = verify(r, client.index, client.store, job.name, ids, client.settings.queue.name)
+    asked = sum(p.read_text(errors="replace").count(SWEEP_LOG) for p in workers.logs.glob("*.log"))
+    if asked:
+        notes.append(f"the export sweep asked for the export again {asked} time(s)")
     if sim.get("oom_rate"):
         # counted from the workers' logs, which a killed worker leaves behind (its published state
         # dies with it, and a restarted worker starts counting from zero)
