@@ -11,6 +11,7 @@ count times a factor, nothing else), so every run meets the same cache and the s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -60,16 +61,20 @@ def _pages() -> list[Any]:
     return requests_for(make_images(0) + make_images(1))
 
 
-def _gate(engine: Any, overcommit: float | None) -> Any:
-    """Put a gate planning with ``overcommit`` times vLLM's blocks (None: no gate) in the engine's
-    place; returns the one it replaced."""
+@contextmanager
+def _gated(engine: Any, overcommit: float | None) -> Iterator[None]:
+    """A gate planning with ``overcommit`` times vLLM's blocks (None: no gate) in the engine's
+    place while the block runs; the engine's own gate back after it."""
     from worker.engines.vllm.kv_gate import KvGate
 
     old = engine._gate
     engine._gate = engine._stepper.gate = (
         None if overcommit is None else KvGate(*_blocks(engine), overcommit=overcommit)
     )
-    return old
+    try:
+        yield
+    finally:
+        engine._gate = engine._stepper.gate = old
 
 
 def _blocks(engine: Any) -> tuple[int, int]:
@@ -104,11 +109,8 @@ def test_the_exact_gate_holds_pages_back_and_vllm_preempts_none(engine: Any, alo
 
 
 def test_an_overcommitted_gate_lets_vllm_preempt_without_changing_a_page(engine: Any, alone: list[Any]) -> None:
-    old = _gate(engine, 2.0)
-    try:
+    with _gated(engine, 2.0):
         preempted, stats = _run_batch(engine, alone)
-    finally:
-        engine._gate = engine._stepper.gate = old
     print(f"\nover-committed 2x: {preempted} preemption(s), {stats}")
     assert preempted > 0, stats
     assert stats["gate_overcommit"] == 2.0 and stats["gate_tightened"] == 0, stats
@@ -116,10 +118,7 @@ def test_an_overcommitted_gate_lets_vllm_preempt_without_changing_a_page(engine:
 
 def test_without_the_gate_vllm_preempts_on_the_same_batch(engine: Any, alone: list[Any]) -> None:
     """What the exact gate saves: every page handed to vLLM's scheduler at once."""
-    old = _gate(engine, None)
-    try:
+    with _gated(engine, None):
         preempted, stats = _run_batch(engine, alone)
-    finally:
-        engine._gate = engine._stepper.gate = old
     print(f"\nungated: {preempted} preemption(s)")
     assert preempted > 0, stats
