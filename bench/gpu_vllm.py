@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from worker.engines.vllm.kv_gate import DEFAULT_OVERCOMMIT
+
 GIB = 2**30
 PLAIN_OFF = "image_boundary"  # the plain rows run vLLM as shipped (the CPU build keeps xdrope_cpu)
 
@@ -299,8 +301,8 @@ def worker(args: argparse.Namespace) -> None:
     port = free_port()
     redis_url = f"redis://127.0.0.1:{port}/0"
     redis_proc = start_redis(port, args.work)
-    extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate,
-                             "kv_gate_overcommit": args.kv_overcommit}
+    overcommit = DEFAULT_OVERCOMMIT if args.kv_overcommit is None else args.kv_overcommit
+    extra: dict[str, Any] = {"ignore_eos": True, "kv_gate": not args.no_kv_gate, "kv_gate_overcommit": overcommit}
     env = {**os.environ, "OCRQ_REDIS__URL": redis_url, "OCRQ_STORE__PATH": str(store),
            "OCRQ_LIMITS__ALLOWED_ROOTS": json.dumps([str(args.work)]), "OCRQ_ENGINE__MODEL_DIR": str(model),
            "OCRQ_ENGINE__KIND": "vllm-server" if args.server else "vllm",
@@ -326,7 +328,7 @@ def worker(args: argparse.Namespace) -> None:
                            "batch_mode": args.batch_mode, "batch_size": args.batch_size,
                            "vision_group_patches": args.vision_group_patches,
                            "vision_cuda_graphs": args.vision_cuda_graphs, "kv_gate": not args.no_kv_gate,
-                           "kv_gate_overcommit": args.kv_overcommit, "jobs": []}
+                           "kv_gate_overcommit": None if args.no_kv_gate or args.server else overcommit, "jobs": []}
     try:
         if args.server:
             from worker.engines.vllm.launcher import api_servers, launch_server
@@ -430,8 +432,9 @@ def main() -> None:
                    help="engine.vision_group_patches (0: vLLM's page-by-page vision tower)")
     w.add_argument("--no-kv-gate", action="store_true",
                    help="engine.extra.kv_gate false: requests go to vLLM's scheduler as their batch starts")
-    w.add_argument("--kv-overcommit", type=float, default=1.0,
-                   help="engine.extra.kv_gate_overcommit: the gate plans with this many times vLLM's KV blocks")
+    w.add_argument("--kv-overcommit", type=float, default=None,
+                   help="engine.extra.kv_gate_overcommit: the gate plans with this many times vLLM's KV blocks "
+                        f"(default {DEFAULT_OVERCOMMIT}, the worker's; 1: never preempt)")
     w.add_argument("--vision-cuda-graphs", action="store_true",
                    help="engine.vision_cuda_graphs: the vision tower replayed as CUDA graphs, a page per graph")
     r = sub.add_parser("report")
@@ -439,7 +442,7 @@ def main() -> None:
     r.add_argument("--transformers", type=Path, default=None, help="bench.gpu_worker JSON (its warm job)")
     r.add_argument("--out", type=Path, default=Path("docs/bench"))
     args = ap.parse_args()
-    if args.cmd == "worker" and args.kv_overcommit != 1.0 and (args.server or args.no_kv_gate):
+    if args.cmd == "worker" and args.kv_overcommit is not None and (args.server or args.no_kv_gate):
         ap.error("--kv-overcommit is the in-process KV gate's: not with --server or --no-kv-gate")
     if args.cmd == "report":
         from bench.gpu_vllm_report import report

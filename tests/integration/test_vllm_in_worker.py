@@ -24,6 +24,7 @@ from tests.integration.vllm_support import (
     tiny_checkpoint,
     vllm_env,
 )
+from worker.engines.vllm.kv_gate import DEFAULT_OVERCOMMIT
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -83,10 +84,12 @@ def test_in_process_vllm_engine_in_a_worker(redis_url, start_worker, tmp_path, c
     assert start["beside"]["engine.renderer_warm"]["during"] == "engine.llm", start
     assert abs(sum(s for _, s in start["critical_path"]) - start["ready_s"]) < 0.05, start
     assert [name for name, _ in start["critical_path"]][2:4] == ["engine.import", "engine.llm"], start
-    # requests entered vLLM through the KV gate, and vLLM preempted none of them
+    # requests entered vLLM through the KV gate at its default over-commit; 5 short pages fit the
+    # cache, so vLLM preempted none of them
     [state_key] = list(client.scan_iter(keys.worker_state("inproc@*")))
     state = json.loads(client.get(state_key))
     assert state["kv_gated"] is True and state["engine"]["gate_tokens"] > 0, state
+    assert state["engine"]["gate_overcommit"] == DEFAULT_OVERCOMMIT == 1.15, state
     assert state["engine"]["gate_tightened"] == 0 and state.get("preemptions") in (None, 0), state
 
 

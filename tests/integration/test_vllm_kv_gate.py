@@ -43,9 +43,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with in_process_vllm_env(tmp_path_factory.mktemp("vllm-gate-env")):
         checkpoint = tiny_checkpoint(tmp_path_factory)
-        eng = VllmEngine(
-            engine_settings(checkpoint, "vllm", max_model_len=1024, extra={"vllm": {"num_gpu_blocks_override": BLOCKS}})
-        )
+        # the exact plan (over-commit 1), not the engine's default: the tests swap in the others
+        extra = {"vllm": {"num_gpu_blocks_override": BLOCKS}, "kv_gate_overcommit": 1}
+        eng = VllmEngine(engine_settings(checkpoint, "vllm", max_model_len=1024, extra=extra))
         with flask_proxies_bound():
             eng.start()
         yield eng

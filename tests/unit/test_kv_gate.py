@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from worker.engines.vllm.kv_gate import TIGHTEN_FLOOR, KvGate, Seq, check_overcommit
+from worker.engines.vllm.kv_gate import DEFAULT_OVERCOMMIT, TIGHTEN_FLOOR, KvGate, Seq, check_overcommit
 from worker.engines.vllm.stepper import Gen, Stepper
 
 BLOCK = 16
@@ -82,6 +83,17 @@ def test_overcommit_plans_with_more_tokens_and_takes_preemptions_without_tighten
     exact.observe(0, expected=False)
     exact.observe(3, expected=False)
     assert exact.tightened == 1
+
+
+def test_the_engine_over_commits_by_default_and_an_exact_plan_is_one_setting_away(tmp_path: Path) -> None:
+    from ocrq.settings import VllmSettings
+    from worker.engines.vllm.engine import VllmEngine
+
+    assert VllmEngine(VllmSettings(model_dir=tmp_path)).overcommit == DEFAULT_OVERCOMMIT == 1.15
+    exact = VllmEngine(VllmSettings(model_dir=tmp_path, extra={"kv_gate_overcommit": 1}))
+    assert exact.overcommit == 1.0
+    with pytest.raises(ValueError, match="kv_gate_overcommit"):
+        VllmEngine(VllmSettings(model_dir=tmp_path, extra={"kv_gate_overcommit": 3}))
 
 
 @pytest.mark.parametrize("bad", [0.9, 2.5, "1.2", True, None])

@@ -35,7 +35,7 @@ from worker.engines.hunyuan import build_output
 from worker.engines.vllm import compat, startup
 from worker.engines.vllm.answers import admission_error, answer_meta, image_messages
 from worker.engines.vllm.gauges import Gauges, kv_blocks, kv_tokens
-from worker.engines.vllm.kv_gate import KvGate, check_overcommit
+from worker.engines.vllm.kv_gate import DEFAULT_OVERCOMMIT, KvGate, check_overcommit
 from worker.engines.vllm.options import dtype, llm_args, render_threads, sized_llm_args
 from worker.engines.vllm.render_ahead import RenderAhead, one_torch_thread
 from worker.engines.vllm.stepper import EngineDead, Gen, Stepper
@@ -51,7 +51,8 @@ class VllmEngine:
     ``settings.extra``: ``hunyuan_version`` ("1.5"), ``vllm`` (extra ``vllm.LLM`` keyword
     arguments, e.g. ``{"kv_cache_memory_bytes": 268435456}`` on CPU), ``ignore_eos`` (tests),
     ``kv_gate`` (false: every request goes to vLLM's scheduler at once, ``worker.engines.vllm.kv_gate``),
-    ``kv_gate_overcommit`` (1.0: the gate plans with that many times vLLM's KV blocks, 1 to 2).
+    ``kv_gate_overcommit`` (1.15: the gate plans with that many times vLLM's KV blocks, 1 to 2; 1 never
+    preempts).
     """
 
     name = "vllm"
@@ -64,7 +65,7 @@ class VllmEngine:
         self.settings = settings
         self.model_dir = Path(settings.model_dir)
         self.version = hunyuan.version_of(settings)
-        self.overcommit = check_overcommit(settings.extra.get("kv_gate_overcommit", 1.0))
+        self.overcommit = check_overcommit(settings.extra.get("kv_gate_overcommit", DEFAULT_OVERCOMMIT))
         self.sampling = hunyuan.SAMPLING[self.version]
         #: bytes vLLM may claim on the GPU (utilization × total); None on CPU
         self.capacity_bytes: int | None = None
