@@ -46,9 +46,10 @@ TIGHTEN = 0.97
 TIGHTEN_FLOOR = 0.5
 #: the most ``overcommit`` may be: beyond it vLLM would recompute more than it runs
 MAX_OVERCOMMIT = 2.0
-#: ``engine.extra.kv_gate_overcommit`` when unset: on one H200 (2026-12-07) the exact plan (1) ran
-#: ~110 pages a step, 1.15 ran ~130 at 139 preemptions per 1,000 pages and matched vLLM's engine
-#: alone (18.81 against 18.76 img/s), whose own scheduler preempted 930 times
+#: ``engine.extra.kv_gate_overcommit`` when unset. The exact plan (1) kept ~110 pages in vLLM and ran
+#: at 0.866x its engine alone (one H100, 2026-12-07); on one H200 the same day 1.15 kept ~130 at 139
+#: preemptions per 1,000 pages and matched the engine alone (18.81 against 18.76 img/s), whose own
+#: scheduler preempted 930 times
 DEFAULT_OVERCOMMIT = 1.15
 
 
