@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from kombu.exceptions import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import health, jobs, openai_batches, openai_files, pages
@@ -74,6 +75,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(OcrqError, _ocrq_error)
     app.add_exception_handler(redis.exceptions.ConnectionError, _redis_down)
     app.add_exception_handler(redis.exceptions.TimeoutError, _redis_down)
+    app.add_exception_handler(OperationalError, _redis_down)  # a publish the broker would not take
     return app
 
 

@@ -82,12 +82,14 @@ def report(exc: BaseException) -> int:
     """Say what went wrong in a line (or one per bad setting) and give the exit code; anything
     not in ocrq's trees is re-raised (a bug: its traceback is the report)."""
     import redis
+    from kombu.exceptions import OperationalError
 
     from ocrq.errors import OcrqError
     from ocrq.settings import SettingsError
     from producer.errors import ClientError, unreachable
 
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):  # Redis went away mid-command
+    # Redis went away mid-command, or the broker would not take a publish (kombu's error)
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | OperationalError):
         exc = unreachable(STATE["redis_url"] or "redis.url", exc)
     if isinstance(exc, ClientError):
         hint = _HINTS.get(type(exc).__name__)

@@ -55,7 +55,7 @@ def _event(ha: HaRedis, what: str) -> tuple[float, str]:
     if what == "kill":
         ha.kill(i)
     else:
-        ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
+        ha.demote()
     took = ha.wait_failover(old)
     promoted = time.monotonic()
     if what == "kill":

@@ -6,14 +6,26 @@ A chunk message holds at most ``queue.chunk_size`` images and ``queue.max_messag
 derived from its contents (``keys.chunk_id``): the same images published again are the same
 message (a suffix tells a reprocess's apart). Only task names cross over: the producer never
 imports the worker.
+
+A publish that meets a broker that will not take writes for a moment (a failover: the old master,
+a Sentinel that names a replica, a new master without a replica in sync yet) is tried again with
+backoff for ``redis_conn.RETRY_WINDOW_S``, as every other Redis client of ocrq is
+(``FailoverRetry``). Kombu's own retries reconnect at once after such an error, and were spent in
+under a second. A wrong password is not retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NoReturn
+import logging
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, NoReturn, TypeVar
+
+import redis
+from kombu.exceptions import OperationalError
 
 from ocrq import keys
+from ocrq.broker.redis_conn import RETRY_WINDOW_S, DeadlineRetry
 from ocrq.messages import (
     FINISH_JOB_TASK,
     OCR_CHUNK_TASK,
@@ -24,6 +36,29 @@ from ocrq.messages import (
     chunk_groups,
     message_bytes,
 )
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Kombu's error is worth trying again unless a refused login is behind it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True
+
+
+def _failed(exc: BaseException) -> None:
+    log.warning("! publish: the broker did not take the message (%s)", " ".join(str(exc).split()))
+
+
+def _riding(send: Callable[[], T], window_s: float = RETRY_WINDOW_S) -> T:
+    """``send()``, tried again with backoff while the broker refuses it for ``window_s`` seconds."""
+    retry = DeadlineRetry(window_s, supported_errors=(OperationalError,))
+    return retry.call_with_retry(send, _failed, is_retryable=_transient)
 
 
 def chunks(app: Any, job: str, items: list[Item], *, task: str, params: dict[str, Any], queue: str,
@@ -36,9 +71,9 @@ def chunks(app: Any, job: str, items: list[Item], *, task: str, params: dict[str
         for part in chunk_groups(items, chunk_size, max_message_bytes, overhead=envelope + 64):
             message = checked_message(Chunk(job=job, task=task, params=params, items=part, priority=priority or 0),
                                       max_message_bytes)
-            app.send_task(OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
-                          task_id=keys.chunk_id(job, part[0].id, len(part)) + id_suffix, queue=queue,
-                          priority=priority, producer=producer)
+            _riding(partial(app.send_task, OCR_CHUNK_TASK, args=[message], argsrepr=chunk_argsrepr(message),
+                            task_id=keys.chunk_id(job, part[0].id, len(part)) + id_suffix, queue=queue,
+                            priority=priority, producer=producer))
             sent += 1
     return sent
 
@@ -47,7 +82,8 @@ def finish(app: Any, job: str, task_id: str, queue: str, *, declare: bool = True
     """``job``'s export task on ``queue``. ``declare`` False: a queue the fleet consumes, declared
     already (a worker's publish): no declare first, whose SADD and MULTI Redis refuses past
     maxmemory, while the publish itself runs past it (ocrq.broker.transport)."""
-    app.send_task(FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue, **({} if declare else {"declare": []}))
+    options: dict[str, Any] = {} if declare else {"declare": []}
+    _riding(partial(app.send_task, FINISH_JOB_TASK, args=[job], task_id=task_id, queue=queue, **options))
 
 
 def retry_chunk(task: Any, chunk: Chunk, items: Sequence[Item], countdown: float,

@@ -21,8 +21,9 @@ from ocrq.broker.redis_conn import celery_options, celery_tls, is_sentinel
 from ocrq.broker.transport_aliases import install as install_transport
 from ocrq.settings import Settings
 
-#: kombu's ensure() policy for publishing on a Sentinel URL: 0.1, 0.6, 1.1, 1.6, then 2 s apart,
-#: 20 tries (~35 s)
+#: kombu's ensure() policy for publishing on a Sentinel URL: 20 tries; the pauses (0.1, 0.6, 1.1,
+#: 1.6, then 2 s) are kombu's between connects that fail. A connect that succeeds to a server that
+#: then refuses is tried again at once: ocrq.broker.publish waits out that kind
 PUBLISH_RETRY_POLICY = {"max_retries": 20, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2.0}
 
 
@@ -60,10 +61,8 @@ def make_celery(settings: Settings, name: str = "ocrq") -> Celery:
         result_expires=24 * 3600,
     )
     if is_sentinel(settings.redis.url):
-        # a publish (and its queue declare) that meets the old master, or a Sentinel that has not
-        # yet seen the promotion, reconnects and asks again for ~30 s, as every other client does
-        # (Celery's default gives up after ~0.6 s: a fresh `ocrq submit` right after a failover
-        # failed with "The previous master is now a slave")
+        # a publish (and its queue declare) that cannot connect (the Sentinels away) tries again
+        # for ~35 s (Celery's default gives up after ~0.6 s)
         app.conf.task_publish_retry_policy = PUBLISH_RETRY_POLICY
     tls = celery_tls(settings.redis)
     if tls:  # Sentinel with TLS: the master's connection too, for the broker and the results

@@ -23,6 +23,7 @@ reached the old master: every ocrq script is idempotent for a retry (docs/reliab
 
 from __future__ import annotations
 
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -54,8 +55,10 @@ class DeadlineRetry(Retry):
     however many attempts that takes: a count of attempts is spent fast by the instant refusals of
     a dead server and slowly by timeouts, a failover lasts what it lasts."""
 
-    def __init__(self, window_s: float = RETRY_WINDOW_S) -> None:
-        super().__init__(ExponentialBackoff(cap=1.0, base=0.05), retries=-1)
+    def __init__(self, window_s: float = RETRY_WINDOW_S,
+                 supported_errors: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError,
+                                                                  socket.timeout)) -> None:
+        super().__init__(ExponentialBackoff(cap=1.0, base=0.05), retries=-1, supported_errors=supported_errors)
         self.window_s = window_s
 
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],

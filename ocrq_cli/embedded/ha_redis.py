@@ -190,6 +190,20 @@ class HaRedis:
         port = self.master_port()
         self._spawn(f"redis-{i}", self._server_conf(i, port if port != self.data_ports[i] else None))
 
+    def demote(self, timeout: float = 30.0) -> None:
+        """Ask Sentinel to promote a replica now (``SENTINEL FAILOVER``; the master stays up, a
+        replica). A Sentinel that read a replica's INFO while it was still syncing calls it no
+        good replica (``NOGOODSLAVE``) until its next INFO, up to 10 s later: ask again until then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sentinel(0).execute_command("SENTINEL", "FAILOVER", self.master_name)
+                return
+            except redis.ResponseError as exc:
+                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
     def wait_failover(self, old_port: int, timeout: float = 60.0) -> float:
         """Seconds until the Sentinels name a master other than ``old_port`` that takes writes."""
         start = time.monotonic()

@@ -23,6 +23,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from base64 import b64encode
 from collections.abc import Callable, Iterator
@@ -35,7 +36,8 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from ocrq.broker import redis_conn
+from ocrq.broker import publish, redis_conn
+from ocrq.broker.queue import make_celery
 from ocrq.settings import RedisSettings
 from ocrq_cli.embedded.ha_redis import HaRedis
 from ocrq_cli.embedded.stack import stop_group, wait_worker_state
@@ -170,7 +172,7 @@ def test_a_demoted_master_answering_readonly_is_left_for_the_new_one(ha, ha_work
 
     # When Sentinel demotes the master (it stays up, a replica now: READONLY to every write)
     def demote() -> float:
-        ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
+        ha.demote()
         ha.wait_failover(old or 0)
         return time.monotonic()
 
@@ -197,7 +199,7 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
     assert (stock.port, ours.port) == (old, old)
     # When Sentinel demotes the master (still up: a replica answering READONLY) and both
     # connections drop
-    ha.sentinel(0).execute_command("SENTINEL", "FAILOVER", ha.master_name)
+    ha.demote()
     ha.wait_failover(old or 0)
     demoted = ha.server(ha.data_ports.index(old or 0))
     deadline = time.monotonic() + 30
@@ -218,6 +220,33 @@ def test_a_dropped_connection_reconnects_to_the_new_master_where_redis_py_s_goes
     assert after["ocrq_redis_master"][0][0]["address"] == f"127.0.0.1:{ha.master_port()}"
     assert after["ocrq_redis_config_epoch"][0][1] == before["ocrq_redis_config_epoch"][0][1] + 1
     assert {labels["replica"] for labels, _ in after["ocrq_redis_replica_lag_bytes"]}
+
+
+def test_a_publish_meeting_a_master_that_refuses_writes_waits_for_it_instead_of_failing(ha, tmp_path):
+    """A master that refuses writes (NOREPLICAS, as a new master does until a replica is in sync, or
+    READONLY from a replica a Sentinel still names) is a connection error kombu reconnects at
+    once: its retries were spent in under a second and `ocrq submit` failed mid-publish
+    ("The previous master is now a slave"). A publish now waits with backoff for the master."""
+    # Given ocrq's Celery app on the Sentinel URL, connected (a first message published)
+    app = make_celery(settings_for(ha.url, tmp_path / "store"))
+    queue = "ride-out"
+    publish.finish(app, "before", "finish-before", queue)
+    master = ha.server(ha.master_index() or 0)
+    # When the master refuses writes for 3 s
+    master.config_set("min-replicas-to-write", 3)
+    timer = threading.Timer(3.0, lambda: master.config_set("min-replicas-to-write", 1))
+    timer.start()
+    started = time.monotonic()
+    try:
+        publish.finish(app, "during", "finish-during", queue)
+        took = time.monotonic() - started
+    finally:
+        timer.join()
+        app.close()
+    # Then the publish returned once the master took writes again, and both messages are queued
+    print(f"publish waited {took:.1f} s for the master")
+    assert took >= 2.5, took
+    assert master.llen(queue) == 2
 
 
 def _series(ha: HaRedis) -> dict[str, list[tuple[dict[str, str], float]]]:

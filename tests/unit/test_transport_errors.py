@@ -1,5 +1,7 @@
 """kombu's ensure() on ocrq's transports keeps retrying a connection error after a reconnect: a
-publish right after a Sentinel promotion can meet "not the master" more than once."""
+publish right after a Sentinel promotion can meet "not the master" more than once. Past kombu's
+retries (spent at once), ocrq's publish waits with backoff for the broker, and a publish that
+still fails is told to the user as an unreachable Redis."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import Any
 import pytest
 import redis
 from kombu import Connection
+from kombu.exceptions import OperationalError
 
+from ocrq.broker import publish
 from ocrq.broker.transport_aliases import install
 
 
@@ -51,3 +55,44 @@ def test_errors_past_the_policy_still_raise(monkeypatch):
 
     with pytest.raises(Exception, match="previous master"):
         conn.ensure(FakeProducer(), publish, max_retries=2, interval_start=0, interval_max=0)()
+
+
+def _refusing(times: int, cause: Exception) -> tuple[list[int], Any]:
+    calls: list[int] = []
+
+    def send() -> str:
+        calls.append(1)
+        if len(calls) <= times:
+            raise OperationalError(str(cause)) from cause
+        return "published"
+
+    return calls, send
+
+
+def test_a_publish_the_broker_refuses_for_a_moment_is_sent_once_it_takes_writes(monkeypatch):
+    # Given a send that kombu gave up on three times (a master without a replica in sync)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    calls, send = _refusing(3, redis.ConnectionError("not the master any more (NOREPLICAS)"))
+    # When ocrq's publish sends it, Then the fourth try is sent
+    assert publish._riding(send, window_s=30) == "published" and len(calls) == 4
+
+
+def test_a_refused_login_is_not_tried_again_and_a_broker_away_past_the_window_raises(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    calls, send = _refusing(5, redis.AuthenticationError("invalid password"))
+    with pytest.raises(OperationalError, match="invalid password"):
+        publish._riding(send, window_s=30)
+    assert len(calls) == 1
+    calls, send = _refusing(10**6, redis.ConnectionError("refused"))
+    with pytest.raises(OperationalError, match="refused"):
+        publish._riding(send, window_s=0.05)
+    assert len(calls) >= 2
+
+
+def test_the_cli_tells_a_publish_that_failed_as_redis_unreachable(capsys):
+    from ocrq_cli.main import report
+    from producer.errors import EXIT_REFUSED
+
+    assert report(OperationalError("The previous master is now a slave")) == EXIT_REFUSED
+    out = capsys.readouterr().err
+    assert "Unreachable" in out and "previous master" in out and "Traceback" not in out
