@@ -10,7 +10,7 @@ imports the worker.
 A publish that meets a broker that will not take writes for a moment (a failover: the old master,
 a Sentinel that names a replica, a new master without a replica in sync yet) is tried again with
 backoff for ``redis_conn.RETRY_WINDOW_S``, as every other Redis client of ocrq is
-(``FailoverRetry``). Kombu's own retries reconnect at once after such an error, and were spent in
+(``_riding``). Kombu's own retries reconnect at once after such an error, and were spent in
 under a second. A wrong password is not retried.
 """
 
